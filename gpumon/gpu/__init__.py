@@ -1,0 +1,1 @@
+"""GPU telemetry: backend → sampler → snapshot → collector."""

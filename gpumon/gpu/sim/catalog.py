@@ -1,0 +1,269 @@
+"""GPU models the simulator can impersonate, with the figures their datasheets and NVML report.
+
+Which NVML quantities each model lacks is modelled on purpose (no fan on passively cooled boards, no HBM
+temperature on GDDR boards, no cumulative PCIe byte counters before Hopper) so that the simulator exercises
+the same NOT_SUPPORTED paths that real fleets do.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+MiB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class SimModel:
+    key: str
+    nvml_name: str
+    memory_mib: int
+    reserved_mib: int
+    tdp_watts: float
+    idle_watts: float
+    sm_clock_max_mhz: int
+    sm_clock_idle_mhz: int
+    memory_clock_mhz: int
+    nvlinks: int
+    nvlink_link_gbps: float  # per link, per direction, GB/s
+    pcie_generation: int
+    pcie_width: int = 16
+    board_part_number: str = ""
+    vbios: str = ""
+    hbm: bool = True  # memory temperature (field 82) is reported for HBM parts
+    fan: bool = False
+    pcie_counters: bool = True  # fields 197/198
+    throttle_time_fields: bool = True  # fields 74/76/269/270/271
+    ecc: bool = True
+    remapped_rows: bool = True
+    mig: bool = False
+
+
+MODELS: dict[str, SimModel] = {
+    m.key: m
+    for m in (
+        SimModel(
+            "H100-SXM",
+            "NVIDIA H100 80GB HBM3",
+            81559,
+            534,
+            700.0,
+            72.0,
+            1980,
+            345,
+            2619,
+            18,
+            25.0,
+            5,
+            board_part_number="692-2G520-0200-000",
+            vbios="96.00.99.00.01",
+            mig=True,
+        ),
+        SimModel(
+            "H100-PCIe",
+            "NVIDIA H100 PCIe",
+            81559,
+            534,
+            350.0,
+            48.0,
+            1755,
+            345,
+            1593,
+            0,
+            0.0,
+            5,
+            board_part_number="900-21010-0000-000",
+            vbios="96.00.30.00.01",
+            mig=True,
+        ),
+        SimModel(
+            "H100-NVL",
+            "NVIDIA H100 NVL",
+            95830,
+            534,
+            400.0,
+            55.0,
+            1785,
+            345,
+            2619,
+            12,
+            25.0,
+            5,
+            board_part_number="900-21010-0020-000",
+            vbios="96.00.81.00.01",
+            mig=True,
+        ),
+        SimModel(
+            "H200",
+            "NVIDIA H200",
+            143771,
+            552,
+            700.0,
+            76.0,
+            1980,
+            345,
+            3201,
+            18,
+            25.0,
+            5,
+            board_part_number="692-2G520-0280-000",
+            vbios="96.00.AF.00.01",
+            mig=True,
+        ),
+        SimModel(
+            "A100-SXM4-80GB",
+            "NVIDIA A100-SXM4-80GB",
+            81920,
+            489,
+            400.0,
+            55.0,
+            1410,
+            210,
+            1593,
+            12,
+            25.0,
+            4,
+            board_part_number="692-2G506-0210-002",
+            vbios="92.00.36.00.02",
+            pcie_counters=False,
+            throttle_time_fields=False,
+            mig=True,
+        ),
+        SimModel(
+            "A100-PCIe",
+            "NVIDIA A100 80GB PCIe",
+            81920,
+            489,
+            300.0,
+            45.0,
+            1410,
+            210,
+            1512,
+            0,
+            0.0,
+            4,
+            board_part_number="900-21001-0020-100",
+            vbios="92.00.68.00.01",
+            pcie_counters=False,
+            throttle_time_fields=False,
+            mig=True,
+        ),
+        SimModel(
+            "L40S",
+            "NVIDIA L40S",
+            46068,
+            495,
+            350.0,
+            35.0,
+            2520,
+            210,
+            9001,
+            0,
+            0.0,
+            4,
+            board_part_number="900-2G133-0080-000",
+            vbios="95.02.66.00.02",
+            hbm=False,
+            pcie_counters=False,
+            throttle_time_fields=False,
+        ),
+        SimModel(
+            "L4",
+            "NVIDIA L4",
+            23034,
+            385,
+            72.0,
+            16.0,
+            2040,
+            210,
+            6251,
+            0,
+            0.0,
+            4,
+            board_part_number="900-2G193-0000-001",
+            vbios="95.04.5B.00.02",
+            hbm=False,
+            pcie_counters=False,
+            throttle_time_fields=False,
+        ),
+        SimModel(
+            "RTX-A6000",
+            "NVIDIA RTX A6000",
+            49140,
+            420,
+            300.0,
+            22.0,
+            2100,
+            210,
+            8001,
+            0,
+            0.0,
+            4,
+            board_part_number="900-5G133-2200-000",
+            vbios="94.02.5C.00.02",
+            hbm=False,
+            fan=True,
+            pcie_counters=False,
+            throttle_time_fields=False,
+            ecc=False,
+            remapped_rows=False,
+        ),
+        SimModel(
+            "B200",
+            "NVIDIA B200",
+            183359,
+            1056,
+            1000.0,
+            140.0,
+            1965,
+            345,
+            3996,
+            18,
+            50.0,
+            6,
+            board_part_number="692-2G525-0200-000",
+            vbios="97.00.6F.00.01",
+            mig=True,
+        ),
+    )
+}
+
+ALIASES = {
+    "H100": "H100-SXM",
+    "H100-SXM5": "H100-SXM",
+    "H200-SXM": "H200",
+    "A100": "A100-SXM4-80GB",
+    "A100-SXM": "A100-SXM4-80GB",
+}
+
+_GROUP = re.compile(r"^\s*(?:(\d+)\s*[xX]\s*)?([A-Za-z0-9][A-Za-z0-9-]*)\s*$")
+
+
+class SpecError(ValueError):
+    pass
+
+
+def lookup(key: str) -> SimModel:
+    for candidate in (key, ALIASES.get(key), ALIASES.get(key.upper())):
+        if candidate and candidate in MODELS:
+            return MODELS[candidate]
+    by_upper = {k.upper(): m for k, m in MODELS.items()}
+    if key.upper() in by_upper:
+        return by_upper[key.upper()]
+    raise SpecError(f"unknown GPU model {key!r}; known: {', '.join(MODELS)}")
+
+
+def parse_spec(spec: str) -> list[SimModel]:
+    """``"8xH100-SXM"`` or ``"4xH100-SXM,2xL4"`` → one model per simulated GPU, in index order."""
+    gpus: list[SimModel] = []
+    for part in spec.split(","):
+        match = _GROUP.match(part)
+        if not match:
+            raise SpecError(f"bad simulation spec {spec!r}: expected COUNTxMODEL, e.g. 8xH100-SXM")
+        count = int(match.group(1) or 1)
+        if not 1 <= count <= 64:
+            raise SpecError(f"bad simulation spec {spec!r}: GPU count must be 1..64")
+        gpus.extend([lookup(match.group(2))] * count)
+    if len(gpus) > 64:
+        raise SpecError(f"bad simulation spec {spec!r}: at most 64 GPUs per node")
+    return gpus

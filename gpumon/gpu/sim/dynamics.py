@@ -1,0 +1,284 @@
+"""Believable GPU dynamics for the simulator, deterministic under a seed.
+
+A node runs a sequence of training jobs. Each job loads (HBM fills), then repeats optimizer steps made of a
+compute phase (util and power high, occasional power capping), an all-reduce (NVLink traffic) and, every so
+often, a data-wait stall or a checkpoint (PCIe traffic to the host); between jobs the GPUs idle. Every GPU
+advances in fixed steps of ``DT`` seconds with its own seeded random stream, so the state at time t depends
+only on the seed and t, never on when or how often it was read.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import random
+from dataclasses import dataclass
+
+from gpumon.gpu.sim.catalog import MiB, SimModel
+
+DT = 0.1  # seconds per simulation step
+
+IDLE, LOADING, COMPUTE, ALLREDUCE, DATA_WAIT, CHECKPOINT = (
+    "idle",
+    "loading",
+    "compute",
+    "allreduce",
+    "data_wait",
+    "checkpoint",
+)
+
+# NVML clock-event bits the simulator raises
+GPU_IDLE, SW_POWER_CAP, HW_SLOWDOWN, SW_THERMAL, HW_THERMAL = 0x1, 0x4, 0x8, 0x20, 0x40
+# cumulative throttle-time field ids (ns) by reason bit
+THROTTLE_FIELDS = {SW_POWER_CAP: 74, SW_THERMAL: 269, HW_THERMAL: 270}
+
+
+def _mix(*parts: int) -> int:
+    """A stable 64-bit hash of integers (splitmix64 steps): Python's hash() is salted per process."""
+    x = 0x9E3779B97F4A7C15
+    for p in parts:
+        x = (x ^ (p & 0xFFFFFFFFFFFFFFFF)) * 0xBF58476D1CE4E5B9 & 0xFFFFFFFFFFFFFFFF
+        x = (x ^ (x >> 27)) * 0x94D049BB133111EB & 0xFFFFFFFFFFFFFFFF
+        x ^= x >> 31
+    return x
+
+
+def _unit(*parts: int) -> float:
+    return _mix(*parts) / 2.0**64
+
+
+@dataclass(frozen=True)
+class Job:
+    number: int
+    start: float
+    end: float
+    load_seconds: float
+    step_seconds: float
+    allreduce_fraction: float
+    fill_ratio: float  # share of HBM the job ends up holding
+
+
+class NodeWorkload:
+    """The job schedule of one node: a pure function of (seed, time)."""
+
+    def __init__(self, seed: int) -> None:
+        self.seed = seed
+        self._jobs: list[Job] = []
+        self._starts: list[float] = []
+        self._next_start = 0.0
+
+    def _extend(self, until: float) -> None:
+        while self._next_start <= until:
+            n = len(self._jobs)
+            u = [_unit(self.seed, n, k) for k in range(7)]
+            length = 1200.0 + 2400.0 * u[1]  # 20-60 min
+            job = Job(
+                number=n,
+                start=self._next_start,
+                end=self._next_start + length,
+                load_seconds=15.0 + 20.0 * u[2],
+                step_seconds=0.8 + 0.8 * u[3],
+                allreduce_fraction=0.12 + 0.15 * u[4],
+                fill_ratio=0.70 + 0.25 * u[5],
+            )
+            self._jobs.append(job)
+            self._starts.append(job.start)
+            self._next_start = job.end + 60.0 + 120.0 * u[6]  # 1-3 min idle between jobs
+
+    def job_at(self, t: float) -> Job | None:
+        self._extend(t)
+        i = bisect.bisect_right(self._starts, t) - 1
+        if i < 0:
+            return None
+        job = self._jobs[i]
+        return job if t < job.end else None
+
+    def phase(self, t: float) -> tuple[str, Job | None]:
+        job = self.job_at(t)
+        if job is None:
+            return IDLE, None
+        into = t - job.start
+        if into < job.load_seconds:
+            return LOADING, job
+        step, offset = divmod(into - job.load_seconds, job.step_seconds)
+        step = int(step)
+        if step % 600 == 599:  # a checkpoint every ~10-15 min, a whole step long
+            return CHECKPOINT, job
+        frac = offset / job.step_seconds
+        if step % 25 == 0 and frac < 0.3:  # the input pipeline falls behind now and then
+            return DATA_WAIT, job
+        if frac >= 1.0 - job.allreduce_fraction:
+            return ALLREDUCE, job
+        return COMPUTE, job
+
+
+class DeviceState:
+    """Current physical values of one simulated GPU (base units; the NVML facade converts)."""
+
+    __slots__ = (
+        "ecc_aggregate",
+        "ecc_volatile",
+        "energy_j",
+        "fan_ratio",
+        "link_up",
+        "mem_clock_mhz",
+        "mem_temp_c",
+        "mem_util",
+        "memory_used",
+        "nvlink_rx",
+        "nvlink_tx",
+        "pcie_gen",
+        "pcie_rx_bytes",
+        "pcie_rx_rate",
+        "pcie_tx_bytes",
+        "pcie_tx_rate",
+        "pcie_width",
+        "power_limit_w",
+        "power_w",
+        "pstate",
+        "reasons",
+        "remap",
+        "replays",
+        "sm_clock_mhz",
+        "temp_c",
+        "throttle_ns",
+        "util",
+    )
+
+    def __init__(self, model: SimModel) -> None:
+        self.util = 0.0
+        self.mem_util = 0.0
+        self.memory_used = 0.0
+        self.power_w = model.idle_watts
+        self.power_limit_w = model.tdp_watts
+        self.energy_j = 0.0
+        self.temp_c = 30.0
+        self.mem_temp_c = 32.0
+        self.sm_clock_mhz = float(model.sm_clock_idle_mhz)
+        self.mem_clock_mhz = float(model.memory_clock_mhz)
+        self.reasons = GPU_IDLE
+        self.throttle_ns = {74: 0, 76: 0, 269: 0, 270: 0, 271: 0}
+        self.pcie_tx_bytes = 0.0
+        self.pcie_rx_bytes = 0.0
+        self.pcie_tx_rate = 0.0
+        self.pcie_rx_rate = 0.0
+        self.pcie_gen = model.pcie_generation
+        self.pcie_width = model.pcie_width
+        self.replays = 0
+        self.nvlink_tx = [0.0] * model.nvlinks
+        self.nvlink_rx = [0.0] * model.nvlinks
+        self.link_up = [True] * model.nvlinks
+        self.ecc_volatile = [0, 0]  # corrected, uncorrected
+        self.ecc_aggregate = [0, 0]
+        self.remap = [0, 0, 0, 0]  # correctable, uncorrectable, pending, failure
+        self.pstate = 0
+        self.fan_ratio = 0.30
+
+
+# phase → (power share of TDP, util, memory-controller util, NVLink share of link bandwidth,
+#          PCIe rx B/s, PCIe tx B/s)
+_PHASE_LOAD = {
+    IDLE: (0.0, 0.0, 0.0, 0.0, 0.0, 0.0),
+    LOADING: (0.22, 0.12, 0.05, 0.0, 9.0e9, 0.1e9),
+    COMPUTE: (0.93, 0.99, 0.38, 0.04, 2.0e9, 0.15e9),
+    ALLREDUCE: (0.55, 0.92, 0.22, 0.82, 0.3e9, 0.05e9),
+    DATA_WAIT: (0.24, 0.04, 0.02, 0.0, 6.0e9, 0.05e9),
+    CHECKPOINT: (0.30, 0.15, 0.18, 0.0, 0.2e9, 11.0e9),
+}
+
+
+class TrainingDynamics:
+    """Advances one GPU's DeviceState through the node's workload."""
+
+    def __init__(self, model: SimModel, index: int, seed: int, workload: NodeWorkload) -> None:
+        self.model = model
+        self.workload = workload
+        self.state = DeviceState(model)
+        self.rng = random.Random(_mix(seed, index, 0xD1CE))
+        self.steps = 0
+        self.thermal_left = 0.0
+        self.total_bytes = model.memory_mib * MiB - model.reserved_mib * MiB
+
+    def advance_to(self, t: float) -> None:
+        target_steps = int(t / DT)
+        while self.steps < target_steps:
+            self._step((self.steps + 0.5) * DT)
+            self.steps += 1
+
+    def _step(self, t: float) -> None:
+        m, s, rng = self.model, self.state, self.rng
+        phase, job = self.workload.phase(t)
+        power_share, util, mem_util, nvl_share, rx_rate, tx_rate = _PHASE_LOAD[phase]
+
+        # HBM: a job fills memory quickly while loading, then holds it; idle GPUs hold almost nothing
+        target_mem = job.fill_ratio * self.total_bytes if job else 0.0
+        fill_tau = 6.0 if phase == LOADING else 20.0
+        s.memory_used += (target_mem - s.memory_used) * (1.0 - math.exp(-DT / fill_tau))
+        s.memory_used = min(s.memory_used, self.total_bytes)
+
+        # thermal excursions: rare, 10-30 s long
+        if self.thermal_left > 0.0:
+            self.thermal_left -= DT
+        elif job is not None and rng.random() < DT / 1800.0:
+            self.thermal_left = 10.0 + 20.0 * rng.random()
+        thermal = self.thermal_left > 0.0
+
+        reasons = 0
+        if phase == IDLE:
+            demand = m.idle_watts * (1.0 + 0.03 * rng.random())
+            clock = float(m.sm_clock_idle_mhz)
+            reasons |= GPU_IDLE
+        else:
+            demand = max(m.idle_watts, m.tdp_watts * (power_share + rng.gauss(0.0, 0.03)))
+            clock = float(m.sm_clock_max_mhz)
+            if phase == COMPUTE:
+                demand *= 1.0 + 0.06 * rng.random()  # heavy kernels push past the cap now and then
+        if demand > s.power_limit_w:
+            clock *= (s.power_limit_w / demand) ** 0.5
+            demand = s.power_limit_w
+            reasons |= SW_POWER_CAP
+        if thermal:
+            clock *= 0.85
+            demand *= 0.9
+            reasons |= SW_THERMAL
+        s.power_w = demand
+        s.sm_clock_mhz = round(clock / 15.0) * 15.0  # NVML reports clocks on a ~15 MHz grid
+
+        noise = rng.gauss(0.0, 0.01)
+        s.util = min(1.0, max(0.0, util + noise))
+        s.mem_util = min(1.0, max(0.0, mem_util + noise * 0.5))
+
+        target_temp = 27.0 + 48.0 * s.power_w / m.tdp_watts + (12.0 if thermal else 0.0)
+        s.temp_c += (target_temp - s.temp_c) * (1.0 - math.exp(-DT / 15.0))
+        s.mem_temp_c = s.temp_c + 3.0 + 6.0 * s.mem_util
+        if s.temp_c > 86.0:
+            reasons |= HW_THERMAL | HW_SLOWDOWN
+        s.reasons = reasons
+        s.fan_ratio = min(1.0, 0.3 + max(0.0, s.temp_c - 40.0) / 60.0)
+
+        ns = int(DT * 1e9)
+        for bit, fid in THROTTLE_FIELDS.items():
+            if reasons & bit:
+                s.throttle_ns[fid] += ns
+
+        s.energy_j += s.power_w * DT
+        s.pcie_rx_rate = rx_rate * (0.9 + 0.2 * rng.random()) if rx_rate else 0.0
+        s.pcie_tx_rate = tx_rate * (0.9 + 0.2 * rng.random()) if tx_rate else 0.0
+        s.pcie_rx_bytes += s.pcie_rx_rate * DT
+        s.pcie_tx_bytes += s.pcie_tx_rate * DT
+        # link generation drops to save power when the GPU idles, as real boards do
+        s.pcie_gen = 1 if phase == IDLE else m.pcie_generation
+
+        if m.nvlinks and nvl_share:
+            per_link = m.nvlink_link_gbps * 1e9 * nvl_share * DT
+            for link in range(m.nvlinks):
+                if s.link_up[link]:
+                    jitter = 0.97 + 0.06 * rng.random()
+                    s.nvlink_tx[link] += per_link * jitter
+                    s.nvlink_rx[link] += per_link * jitter
+
+        if rng.random() < DT / 7200.0:  # a corrected ECC error every couple of hours
+            s.ecc_volatile[0] += 1
+            s.ecc_aggregate[0] += 1
+        if rng.random() < DT / 3600.0:
+            s.replays += 1

@@ -1,0 +1,152 @@
+"""Fault injection for the simulated NVML: lost GPUs, NVML errors, hung and slow calls, unsupported calls.
+
+A fault applies to one GPU (or all), one NVML function (or any), during a window of simulated time. The
+textual form used by ``--sim-fault`` is ``KIND[:GPU[:OP[=ARG]]][@START[+DURATION]]``, for example
+``lost:3@10+30`` (GPU 3 lost from t=10 s for 30 s), ``hang:2:nvmlDeviceGetPowerUsage@5`` (that call hangs
+on GPU 2 from t=5 s on), ``error:1:nvmlDeviceGetTemperature=Unknown`` or ``slow:*:*=0.02``.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import pynvml
+
+KINDS = ("lost", "hang", "error", "unsupported", "slow", "uninitialized")
+
+_SPEC = re.compile(
+    r"^(?P<kind>[a-z]+)(?::(?P<gpu>\*|\d+)(?::(?P<op>\*|nvml\w+)(?:=(?P<arg>[\w.]+))?)?)?"
+    r"(?:@(?P<start>\d+(?:\.\d+)?)(?:\+(?P<duration>\d+(?:\.\d+)?))?)?$"
+)
+
+
+class FaultSpecError(ValueError):
+    pass
+
+
+def error_code(name: str) -> int:
+    """``"Unknown"`` or ``"GpuIsLost"`` or ``"999"`` → the NVML return code."""
+    if name.isdigit():
+        return int(name)
+    for code, cls in pynvml.NVMLError._valClassMapping.items():
+        if cls.__name__ == f"NVMLError_{name}":
+            return code
+    raise FaultSpecError(
+        f"unknown NVML error {name!r}: use a class suffix such as Unknown, Timeout, GpuIsLost"
+    )
+
+
+@dataclass(eq=False)  # identity matters: two equal faults are still two faults
+class Fault:
+    kind: str
+    gpu: int | None = None  # None: every GPU
+    op: str | None = None  # None: every device call
+    start: float = 0.0
+    duration: float | None = None  # None: until cleared
+    error: int = pynvml.NVML_ERROR_UNKNOWN
+    delay: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise FaultSpecError(f"unknown fault kind {self.kind!r}; one of {', '.join(KINDS)}")
+
+    def active(self, t: float) -> bool:
+        return t >= self.start and (self.duration is None or t < self.start + self.duration)
+
+    def matches(self, op: str, gpu: int | None) -> bool:
+        # a fault for one GPU never touches node-level calls (gpu None), such as nvmlInit
+        return (self.op is None or self.op == op) and (self.gpu is None or self.gpu == gpu)
+
+    @classmethod
+    def parse(cls, text: str) -> Fault:
+        m = _SPEC.match(text.strip())
+        if not m:
+            raise FaultSpecError(
+                f"bad fault {text!r}: expected KIND[:GPU[:OP[=ARG]]][@START[+DURATION]], e.g. lost:3@10+30"
+            )
+        kind = m["kind"]
+        fault = cls(
+            kind=kind,
+            gpu=None if m["gpu"] in (None, "*") else int(m["gpu"]),
+            op=None if m["op"] in (None, "*") else m["op"],
+            start=float(m["start"] or 0.0),
+            duration=None if m["duration"] is None else float(m["duration"]),
+        )
+        arg = m["arg"]
+        if kind == "error" and arg:
+            fault.error = error_code(arg)
+        elif kind == "slow":
+            try:
+                fault.delay = float(arg or "0.02")
+            except ValueError:
+                raise FaultSpecError(f"bad fault {text!r}: slow takes a delay in seconds") from None
+        elif arg:
+            raise FaultSpecError(f"bad fault {text!r}: {kind} takes no =ARG")
+        return fault
+
+
+class Faults:
+    """The active fault set of one simulated NVML. Thread-safe: the sampler calls from many threads."""
+
+    def __init__(self, now: Callable[[], float]) -> None:
+        self._now = now
+        self._faults: list[Fault] = []
+        self._changed = threading.Condition()
+        self.latency: dict[str, float] = {}  # per-function latency; key "*" for every other call
+
+    def add(self, fault: Fault | str) -> Fault:
+        if isinstance(fault, str):
+            fault = Fault.parse(fault)
+        with self._changed:
+            self._faults = [*self._faults, fault]
+            self._changed.notify_all()
+        return fault
+
+    def remove(self, fault: Fault) -> None:
+        with self._changed:
+            self._faults = [f for f in self._faults if f is not fault]
+            self._changed.notify_all()
+
+    def clear(self) -> None:
+        """Remove every fault and release every hung call."""
+        with self._changed:
+            self._faults = []
+            self._changed.notify_all()
+
+    def check(self, op: str, gpu: int | None) -> None:
+        """Called on entry to every simulated NVML function: sleeps, hangs or raises as the faults say."""
+        delay = self.latency.get(op, self.latency.get("*", 0.0))
+        faults = self._faults  # copy-on-write list: reading it needs no lock
+        if faults:
+            t = self._now()
+            for f in faults:
+                if not (f.matches(op, gpu) and f.active(t)):
+                    continue
+                if f.kind == "slow":
+                    delay += f.delay
+                elif f.kind == "hang":
+                    self._hang(f)
+                elif f.kind == "lost":
+                    raise pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)
+                elif f.kind == "uninitialized":
+                    raise pynvml.NVMLError(pynvml.NVML_ERROR_UNINITIALIZED)
+                elif f.kind == "unsupported":
+                    raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+                elif f.kind == "error":
+                    raise pynvml.NVMLError(f.error)
+        if delay > 0.0:
+            time.sleep(delay)
+
+    def _hang(self, fault: Fault) -> None:
+        # A hung driver call: block until the fault window ends or the fault is removed.
+        with self._changed:
+            while fault in self._faults and fault.active(self._now()):
+                self._changed.wait(0.05)
+
+    def lost(self, gpu: int) -> bool:
+        t = self._now()
+        return any(f.kind == "lost" and f.gpu == gpu and f.active(t) for f in self._faults)

@@ -1,0 +1,380 @@
+"""A pynvml-shaped module backed by simulated GPUs.
+
+``SimNvml`` offers the nvidia-ml-py functions gpumon uses, under the same names and signatures, returning
+the same ctypes structures in the same units (mW, mJ, MHz, percent, KiB counters, KB/s) and raising the same
+exception classes (they are nvidia-ml-py's own: every constant, structure and NVMLError subclass is taken
+from the installed ``pynvml``). So ``--simulate`` runs the production NVML backend unchanged, and the tests
+and benchmarks exercise exactly what users run.
+"""
+
+from __future__ import annotations
+
+import inspect
+import threading
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import pynvml
+
+from gpumon.gpu.sim.catalog import MiB, SimModel, parse_spec
+from gpumon.gpu.sim.dynamics import DeviceState, NodeWorkload, TrainingDynamics, _mix
+from gpumon.gpu.sim.faults import Faults
+
+UINT_MAX = 0xFFFFFFFF
+_HGX_BUSES = (0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB)
+
+# Which calls each model lacks: (op or field id) → predicate on the model
+_MODEL_GAPS: dict[str | int, Callable[[SimModel], bool]] = {
+    "nvmlDeviceGetFanSpeed": lambda m: not m.fan,
+    "nvmlDeviceGetTotalEccErrors": lambda m: not m.ecc,
+    "nvmlDeviceGetRemappedRows": lambda m: not m.remapped_rows,
+    "nvmlDeviceGetNvLinkState": lambda m: m.nvlinks == 0,
+    "nvmlDeviceGetMigMode": lambda m: not m.mig,
+    82: lambda m: not m.hbm,
+    197: lambda m: not m.pcie_counters,
+    198: lambda m: not m.pcie_counters,
+    74: lambda m: not m.throttle_time_fields,
+    76: lambda m: not m.throttle_time_fields,
+    269: lambda m: not m.throttle_time_fields,
+    270: lambda m: not m.throttle_time_fields,
+    271: lambda m: not m.throttle_time_fields,
+    138: lambda m: m.nvlinks == 0,
+    139: lambda m: m.nvlinks == 0,
+}
+_FIELDS_KNOWN = {82, 91, 197, 198, 74, 76, 269, 270, 271, 138, 139}
+
+
+class StaticDynamics:
+    """A GPU whose readings only change when a test changes them."""
+
+    def __init__(self, model: SimModel) -> None:
+        self.state = DeviceState(model)
+
+    def advance_to(self, t: float) -> None:
+        pass
+
+
+class SimGpu:
+    def __init__(self, index: int, model: SimModel, seed: int, dynamics: TrainingDynamics | StaticDynamics):
+        self.index = index
+        self.model = model
+        self.dynamics = dynamics
+        h = f"{_mix(seed, index, 0x0DD):016x}{_mix(seed, index, 0xBEEF):016x}"
+        self.uuid = f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
+        self.pci_bus_id = f"{index // 8:08X}:{_HGX_BUSES[index % 8]:02X}:00.0"
+        self.serial = str(1650000000000 + _mix(seed, index, 7) % 10**9)
+        self.persistence_mode = pynvml.NVML_FEATURE_ENABLED
+        self.unsupported: set[str | int] = {k for k, gap in _MODEL_GAPS.items() if gap(model)}
+        self.lock = threading.Lock()
+
+    @property
+    def state(self) -> DeviceState:
+        return self.dynamics.state
+
+    def __repr__(self) -> str:
+        return f"<SimGpu {self.index} {self.model.key}>"
+
+
+class SimNvml:
+    """Stands in for the ``pynvml`` module. Pass it wherever gpumon takes an NVML module."""
+
+    simulated = True
+
+    def __init__(
+        self,
+        gpus: str | Iterable[SimModel] = "8xH100-SXM",
+        *,
+        seed: int = 0,
+        clock: Callable[[], float] = time.monotonic,
+        static: bool = False,
+        warmup: float = 0.0,
+        driver_version: str = "570.133.20",
+        cuda_driver_version: int = 12080,
+    ) -> None:
+        models = parse_spec(gpus) if isinstance(gpus, str) else list(gpus)
+        self.spec = gpus if isinstance(gpus, str) else ",".join(m.key for m in models)
+        self.seed = seed
+        self._clock = clock
+        self._t0 = clock()
+        self.warmup = warmup
+        self.faults = Faults(self.elapsed)
+        workload = NodeWorkload(seed)
+        self.gpus = [
+            SimGpu(i, m, seed, StaticDynamics(m) if static else TrainingDynamics(m, i, seed, workload))
+            for i, m in enumerate(models)
+        ]
+        self.driver_version = driver_version
+        self.cuda_driver_version = cuda_driver_version
+        self.driver_loaded = True
+        self._init_count = 0
+        self._init_lock = threading.Lock()
+
+    # -- pynvml's constants, structures and exceptions are the real ones --------------------------------
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(pynvml, name)
+        if inspect.isfunction(value):
+            raise AttributeError(f"the simulated NVML does not implement {name}")
+        return value
+
+    def elapsed(self) -> float:
+        """Seconds since this simulated NVML was created: the time base of faults."""
+        return self._clock() - self._t0
+
+    def now(self) -> float:
+        """Simulated workload time: ``warmup`` seconds of training had happened when gpumon started."""
+        return self._clock() - self._t0 + self.warmup
+
+    # -- helpers ---------------------------------------------------------------------------------------
+    def _enter(self, op: str, gpu: SimGpu | None = None) -> None:
+        if self._init_count == 0:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_UNINITIALIZED)
+        self.faults.check(op, None if gpu is None else gpu.index)
+        if gpu is not None and op in gpu.unsupported:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+
+    def _gpu(self, handle: Any, op: str) -> SimGpu:
+        if not isinstance(handle, SimGpu):
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        self._enter(op, handle)
+        with handle.lock:
+            handle.dynamics.advance_to(self.now())
+        return handle
+
+    # -- init / system ---------------------------------------------------------------------------------
+    def nvmlInit(self) -> None:
+        self.nvmlInitWithFlags(0)
+
+    def nvmlInitWithFlags(self, flags: int) -> None:
+        if not self.driver_loaded:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_DRIVER_NOT_LOADED)
+        self.faults.check("nvmlInit", None)
+        with self._init_lock:
+            self._init_count += 1
+
+    def nvmlShutdown(self) -> None:
+        with self._init_lock:
+            if self._init_count == 0:
+                raise pynvml.NVMLError(pynvml.NVML_ERROR_UNINITIALIZED)
+            self._init_count -= 1
+
+    def nvmlSystemGetDriverVersion(self) -> str:
+        self._enter("nvmlSystemGetDriverVersion")
+        return self.driver_version
+
+    def nvmlSystemGetCudaDriverVersion(self) -> int:
+        self._enter("nvmlSystemGetCudaDriverVersion")
+        return self.cuda_driver_version
+
+    def nvmlSystemGetNVMLVersion(self) -> str:
+        self._enter("nvmlSystemGetNVMLVersion")
+        return f"{self.cuda_driver_version // 1000}.{self.driver_version}"
+
+    def nvmlDeviceGetCount(self) -> int:
+        self._enter("nvmlDeviceGetCount")
+        return len(self.gpus)
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> SimGpu:
+        self._enter("nvmlDeviceGetHandleByIndex")
+        if not 0 <= index < len(self.gpus):
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        gpu = self.gpus[index]
+        self.faults.check("nvmlDeviceGetHandleByIndex", gpu.index)
+        return gpu
+
+    def nvmlDeviceGetHandleByUUID(self, uuid: str | bytes) -> SimGpu:
+        self._enter("nvmlDeviceGetHandleByUUID")
+        wanted = uuid.decode() if isinstance(uuid, bytes) else uuid
+        for gpu in self.gpus:
+            if gpu.uuid == wanted:
+                self.faults.check("nvmlDeviceGetHandleByUUID", gpu.index)
+                return gpu
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
+
+    # -- identity --------------------------------------------------------------------------------------
+    def nvmlDeviceGetUUID(self, handle: SimGpu) -> str:
+        return self._gpu(handle, "nvmlDeviceGetUUID").uuid
+
+    def nvmlDeviceGetName(self, handle: SimGpu) -> str:
+        return self._gpu(handle, "nvmlDeviceGetName").model.nvml_name
+
+    def nvmlDeviceGetIndex(self, handle: SimGpu) -> int:
+        return self._gpu(handle, "nvmlDeviceGetIndex").index
+
+    def nvmlDeviceGetPciInfo(self, handle: SimGpu) -> Any:
+        gpu = self._gpu(handle, "nvmlDeviceGetPciInfo")
+        info = pynvml.nvmlPciInfo_t()
+        info.busId = gpu.pci_bus_id
+        info.busIdLegacy = gpu.pci_bus_id
+        domain, bus, _ = gpu.pci_bus_id.split(":")
+        info.domain, info.bus, info.device = int(domain, 16), int(bus, 16), 0
+        info.pciDeviceId = 0x233010DE
+        return info
+
+    def nvmlDeviceGetSerial(self, handle: SimGpu) -> str:
+        return self._gpu(handle, "nvmlDeviceGetSerial").serial
+
+    def nvmlDeviceGetBoardPartNumber(self, handle: SimGpu) -> str:
+        return self._gpu(handle, "nvmlDeviceGetBoardPartNumber").model.board_part_number
+
+    def nvmlDeviceGetVbiosVersion(self, handle: SimGpu) -> str:
+        return self._gpu(handle, "nvmlDeviceGetVbiosVersion").model.vbios
+
+    def nvmlDeviceGetPersistenceMode(self, handle: SimGpu) -> int:
+        return self._gpu(handle, "nvmlDeviceGetPersistenceMode").persistence_mode
+
+    def nvmlDeviceGetMigMode(self, device: SimGpu) -> list[int]:
+        self._gpu(device, "nvmlDeviceGetMigMode")
+        return [pynvml.NVML_DEVICE_MIG_DISABLE, pynvml.NVML_DEVICE_MIG_DISABLE]
+
+    # -- readings --------------------------------------------------------------------------------------
+    def nvmlDeviceGetUtilizationRates(self, handle: SimGpu) -> Any:
+        s = self._gpu(handle, "nvmlDeviceGetUtilizationRates").state
+        util = pynvml.c_nvmlUtilization_t()
+        util.gpu = round(s.util * 100)
+        util.memory = round(s.mem_util * 100)
+        return util
+
+    def nvmlDeviceGetMemoryInfo(self, handle: SimGpu, version: int | None = None) -> Any:
+        gpu = self._gpu(handle, "nvmlDeviceGetMemoryInfo")
+        total = gpu.model.memory_mib * MiB
+        reserved = gpu.model.reserved_mib * MiB
+        used = min(int(gpu.state.memory_used), total - reserved)  # a card cannot hold more than it has
+        if not version:  # v1 folds the reserved memory into "used"
+            mem = pynvml.c_nvmlMemory_t()
+            mem.total, mem.used, mem.free = total, used + reserved, total - used - reserved
+            return mem
+        if version != pynvml.nvmlMemory_v2:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
+        mem = pynvml.c_nvmlMemory_v2_t()
+        mem.version = version
+        mem.total, mem.reserved, mem.used, mem.free = total, reserved, used, total - reserved - used
+        return mem
+
+    def nvmlDeviceGetPowerUsage(self, handle: SimGpu) -> int:
+        return int(self._gpu(handle, "nvmlDeviceGetPowerUsage").state.power_w * 1000)
+
+    def nvmlDeviceGetEnforcedPowerLimit(self, handle: SimGpu) -> int:
+        return int(self._gpu(handle, "nvmlDeviceGetEnforcedPowerLimit").state.power_limit_w * 1000)
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, handle: SimGpu) -> int:
+        return int(self._gpu(handle, "nvmlDeviceGetTotalEnergyConsumption").state.energy_j * 1000)
+
+    def nvmlDeviceGetTemperature(self, handle: SimGpu, sensor: int) -> int:
+        gpu = self._gpu(handle, "nvmlDeviceGetTemperature")
+        if sensor != pynvml.NVML_TEMPERATURE_GPU:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return int(gpu.state.temp_c)
+
+    def nvmlDeviceGetClockInfo(self, handle: SimGpu, type: int) -> int:
+        s = self._gpu(handle, "nvmlDeviceGetClockInfo").state
+        return self._clock_value(type, s.sm_clock_mhz, s.mem_clock_mhz)
+
+    def nvmlDeviceGetMaxClockInfo(self, handle: SimGpu, type: int) -> int:
+        m = self._gpu(handle, "nvmlDeviceGetMaxClockInfo").model
+        return self._clock_value(type, m.sm_clock_max_mhz, m.memory_clock_mhz)
+
+    @staticmethod
+    def _clock_value(clock_type: int, sm: float, mem: float) -> int:
+        if clock_type in (pynvml.NVML_CLOCK_SM, pynvml.NVML_CLOCK_GRAPHICS):
+            return int(sm)
+        if clock_type == pynvml.NVML_CLOCK_MEM:
+            return int(mem)
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, handle: SimGpu) -> int:
+        return self._gpu(handle, "nvmlDeviceGetCurrentClocksEventReasons").state.reasons
+
+    def nvmlDeviceGetCurrentClocksThrottleReasons(self, handle: SimGpu) -> int:
+        return self._gpu(handle, "nvmlDeviceGetCurrentClocksThrottleReasons").state.reasons
+
+    def nvmlDeviceGetPerformanceState(self, handle: SimGpu) -> int:
+        return self._gpu(handle, "nvmlDeviceGetPerformanceState").state.pstate
+
+    def nvmlDeviceGetFanSpeed(self, handle: SimGpu) -> int:
+        return round(self._gpu(handle, "nvmlDeviceGetFanSpeed").state.fan_ratio * 100)
+
+    def nvmlDeviceGetPcieThroughput(self, device: SimGpu, counter: int) -> int:
+        s = self._gpu(device, "nvmlDeviceGetPcieThroughput").state
+        if counter == pynvml.NVML_PCIE_UTIL_TX_BYTES:
+            return int(s.pcie_tx_rate / 1000)
+        if counter == pynvml.NVML_PCIE_UTIL_RX_BYTES:
+            return int(s.pcie_rx_rate / 1000)
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+
+    def nvmlDeviceGetCurrPcieLinkGeneration(self, handle: SimGpu) -> int:
+        return self._gpu(handle, "nvmlDeviceGetCurrPcieLinkGeneration").state.pcie_gen
+
+    def nvmlDeviceGetCurrPcieLinkWidth(self, handle: SimGpu) -> int:
+        return self._gpu(handle, "nvmlDeviceGetCurrPcieLinkWidth").state.pcie_width
+
+    def nvmlDeviceGetMaxPcieLinkGeneration(self, handle: SimGpu) -> int:
+        return self._gpu(handle, "nvmlDeviceGetMaxPcieLinkGeneration").model.pcie_generation
+
+    def nvmlDeviceGetMaxPcieLinkWidth(self, handle: SimGpu) -> int:
+        return self._gpu(handle, "nvmlDeviceGetMaxPcieLinkWidth").model.pcie_width
+
+    def nvmlDeviceGetPcieReplayCounter(self, handle: SimGpu) -> int:
+        return self._gpu(handle, "nvmlDeviceGetPcieReplayCounter").state.replays
+
+    def nvmlDeviceGetNvLinkState(self, device: SimGpu, link: int) -> int:
+        gpu = self._gpu(device, "nvmlDeviceGetNvLinkState")
+        if not 0 <= link < gpu.model.nvlinks:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return pynvml.NVML_FEATURE_ENABLED if gpu.state.link_up[link] else pynvml.NVML_FEATURE_DISABLED
+
+    def nvmlDeviceGetTotalEccErrors(self, handle: SimGpu, errorType: int, counterType: int) -> int:
+        s = self._gpu(handle, "nvmlDeviceGetTotalEccErrors").state
+        if errorType not in (0, 1) or counterType not in (0, 1):
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        counts = s.ecc_volatile if counterType == pynvml.NVML_VOLATILE_ECC else s.ecc_aggregate
+        return counts[errorType]
+
+    def nvmlDeviceGetRemappedRows(self, device: SimGpu) -> tuple[int, int, int, int]:
+        corr, unc, pending, failure = self._gpu(device, "nvmlDeviceGetRemappedRows").state.remap
+        return corr, unc, pending, failure
+
+    def nvmlDeviceGetFieldValues(self, handle: SimGpu, fieldIds: list[Any]) -> Any:
+        gpu = self._gpu(handle, "nvmlDeviceGetFieldValues")
+        values = (pynvml.c_nvmlFieldValue_t * len(fieldIds))()
+        stamp = int(time.time() * 1e6)
+        for i, fid in enumerate(fieldIds):
+            v = values[i]
+            try:
+                v.fieldId, v.scopeId = fid
+            except TypeError:
+                v.fieldId = fid
+            v.timestamp = stamp
+            v.latencyUsec = 3
+            self._field(gpu, v)
+        return values
+
+    def _field(self, gpu: SimGpu, v: Any) -> None:
+        fid, scope, s, m = v.fieldId, v.scopeId, gpu.state, gpu.model
+        if fid not in _FIELDS_KNOWN or fid in gpu.unsupported:
+            v.nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
+            return
+        v.nvmlReturn = pynvml.NVML_SUCCESS
+        if fid == 82:
+            v.valueType, v.value.uiVal = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT, int(s.mem_temp_c)
+        elif fid == 91:
+            v.valueType, v.value.uiVal = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT, m.nvlinks
+        elif fid in (197, 198):
+            total = s.pcie_tx_bytes if fid == 197 else s.pcie_rx_bytes
+            v.valueType, v.value.ullVal = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG, int(total)
+        elif fid in (138, 139):
+            per_link = s.nvlink_tx if fid == 138 else s.nvlink_rx
+            if scope == UINT_MAX:
+                total = sum(per_link)
+            elif scope < m.nvlinks:
+                total = per_link[scope]
+            else:
+                v.nvmlReturn = pynvml.NVML_ERROR_INVALID_ARGUMENT
+                return
+            v.valueType, v.value.ullVal = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG, int(total) // 1024
+        else:  # cumulative throttle time, ns
+            v.valueType, v.value.ullVal = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG, s.throttle_ns[fid]
+
+
+def is_simulated(nvml: Any) -> bool:
+    return bool(getattr(nvml, "simulated", False))
