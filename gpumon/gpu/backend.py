@@ -1,0 +1,67 @@
+"""The contract between the sampler and whatever reads GPUs (NVML, the simulator behind NVML, later DCGM)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Protocol
+
+from gpumon.gpu.types import DriverInfo, GpuInfo, ReadResult, Support
+
+
+class Device:
+    """One GPU as a backend sees it. Only the GPU's own sampler worker mutates it.
+
+    ``current_op`` and ``op_started`` say which call is in flight, so that a call that hangs past its
+    deadline can be named in the error counters and logs.
+    """
+
+    def __init__(self, info: GpuInfo) -> None:
+        self.info = info
+        self.support: dict[str, Support] = {}
+        self.support_version = 0
+        self.current_op: str | None = None
+        self.op_started = 0.0
+
+    def set_support(self, quantity: str, state: Support) -> bool:
+        """Record what we learnt; True when it changed (callers log transitions, not every sample)."""
+        if self.support.get(quantity) is state:
+            return False
+        self.support[quantity] = state
+        self.support_version += 1
+        return True
+
+    def begin(self, op: str) -> None:
+        self.op_started = time.monotonic()
+        self.current_op = op
+
+    def end(self) -> None:
+        self.current_op = None
+
+    def capabilities(self) -> Mapping[str, str]:
+        return {q: s.value for q, s in sorted(self.support.items())}
+
+
+class Backend(Protocol):
+    name: str  # "nvml" or "sim": shown in gpumon_build_info so simulated numbers are never silent
+    device_count: int  # GPUs the driver reports at the last discovery, identified or not
+
+    def open(self) -> list[Device]:
+        """Start the library and identify every GPU that answers. Raises BackendUnavailable."""
+        ...
+
+    def discover(self, known_uuids: set[str]) -> tuple[list[Device], int]:
+        """GPUs not in ``known_uuids`` that can be identified now, and how many could not be."""
+        ...
+
+    def driver_info(self) -> DriverInfo: ...
+
+    def read(self, device: Device, deadline: float) -> ReadResult:
+        """Sample one GPU. Raises DeviceDown when the GPU cannot be read at all."""
+        ...
+
+    def reopen(self, device: Device) -> None:
+        """Re-acquire a GPU after it went down (re-initialising the library if needed)."""
+        ...
+
+    def close(self) -> None: ...

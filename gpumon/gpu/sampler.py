@@ -1,0 +1,362 @@
+"""Background sampling: one long-lived worker thread per GPU, a coordinator that enforces a deadline.
+
+Each sweep the coordinator hands every GPU worker one unit of work (read that GPU), reads the host while
+they run, waits until the deadline, and publishes an immutable Snapshot by swapping a reference. A GPU whose
+call hangs misses the deadline and is reported down (naming the call); its worker stays stuck alone, the
+other GPUs and the HTTP server never wait for it, and no threads pile up. A GPU that is lost or whose driver
+vanished is retried with exponential backoff.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
+
+from gpumon.gpu.backend import Backend, Device
+from gpumon.gpu.snapshot import CollectorStatus, ErrorKey, GpuStatus, Snapshot
+from gpumon.gpu.types import DeviceDown, ReadResult
+from gpumon.host import HostReading, HostSampler
+
+log = logging.getLogger("gpumon.sampler")
+
+BACKOFF_INITIAL = 1.0
+BACKOFF_MAX = 60.0
+DISCOVERY_EVERY = 30.0
+ERROR_LOG_EVERY = 300.0  # a recurring error is logged on first sight, then at most this often
+
+
+class _Worker:
+    """Owns one GPU: only this thread calls the backend for it."""
+
+    def __init__(self, device: Device, backend: Backend, done: threading.Condition) -> None:
+        self.device = device
+        self.backend = backend
+        self.done = done
+        self.busy = False
+        self.seq = 0
+        self.deadline = 0.0
+        self.result: ReadResult | BaseException | None = None
+        self.result_seq = 0
+        self.started = 0.0
+        self.finished = 0.0
+        self.reopen = False  # set by the coordinator while the GPU is down
+        self.stopping = False
+        self._go = threading.Event()
+        self.thread = threading.Thread(
+            target=self._run, name=f"gpumon-gpu-{device.info.index}", daemon=True
+        )  # daemon: a call hung in the driver must not keep the process alive at exit
+        self.thread.start()
+
+    def request(self, seq: int, deadline: float, reopen: bool) -> None:
+        self.seq, self.deadline, self.reopen, self.busy = seq, deadline, reopen, True
+        self.started = time.monotonic()
+        self._go.set()
+
+    def stop(self) -> None:
+        self.stopping = True
+        self._go.set()
+
+    def _run(self) -> None:
+        while True:
+            self._go.wait()
+            self._go.clear()
+            if self.stopping:
+                return
+            result: ReadResult | BaseException
+            try:
+                if self.reopen:
+                    self.backend.reopen(self.device)
+                result = self.backend.read(self.device, self.deadline)
+            except Exception as exc:  # handed to the coordinator, which counts and logs it
+                result = exc
+            with self.done:
+                self.result, self.result_seq = result, self.seq
+                self.finished = time.monotonic()
+                self.busy = False
+                self.done.notify_all()
+
+
+class _GpuHealth:
+    """What the coordinator remembers about one GPU between sweeps."""
+
+    def __init__(self) -> None:
+        self.down_reason: str | None = None
+        self.down_since = 0.0
+        self.backoff = 0.0
+        self.next_retry = 0.0
+        self.hung_op: str | None = None  # set while a call is stuck past its deadline
+        self.last_success: float | None = None
+        self.caps_version = -1
+        self.caps: Mapping[str, str] = MappingProxyType({})
+
+
+class Sampler:
+    def __init__(
+        self,
+        backend: Backend,
+        *,
+        interval: float = 1.0,
+        timeout: float | None = None,
+        host: HostSampler | None = None,
+        on_snapshot: Callable[[Snapshot], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if interval <= 0:
+            raise ValueError("interval must be positive")
+        self.backend = backend
+        self.interval = interval
+        self.timeout = timeout if timeout is not None else interval / 2.0
+        if not 0 < self.timeout <= interval:
+            raise ValueError("timeout must be positive and no longer than the interval")
+        self.host = host if host is not None else HostSampler()
+        self.on_snapshot = on_snapshot
+        self.clock = clock  # schedules backoff and rediscovery; tests pass a manual clock
+        self._done = threading.Condition()
+        self._workers: list[_Worker] = []
+        self._health: dict[str, _GpuHealth] = {}
+        self._errors: dict[ErrorKey, int] = {}
+        self._error_logged: dict[ErrorKey, float] = {}
+        self._sweeps = 0
+        self._unidentified = 0
+        self._next_discovery = 0.0
+        self._discovering: threading.Thread | None = None
+        self._driver = None
+        self._snapshot: Snapshot | None = None
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self.last_sweep_monotonic = 0.0
+
+    # -- lifecycle -------------------------------------------------------------------------------------
+    def open(self) -> None:
+        """Start the backend and identify GPUs. Raises BackendUnavailable."""
+        devices = self.backend.open()
+        self._driver = self.backend.driver_info()
+        self._add(devices)
+        self._unidentified = max(0, self.backend.device_count - len(devices))
+        self._next_discovery = self.clock() + DISCOVERY_EVERY
+        if not devices:
+            log.warning("no GPUs found by %s", self.backend.name)
+
+    def start(self) -> None:
+        if self._driver is None:
+            self.open()
+        self._thread = threading.Thread(target=self._loop, name="gpumon-sampler", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=self.interval + self.timeout + 1.0)
+        for w in self._workers:
+            w.stop()
+        for w in self._workers:
+            if not w.busy:
+                w.thread.join(timeout=1.0)
+        self.backend.close()
+
+    @property
+    def snapshot(self) -> Snapshot | None:
+        return self._snapshot
+
+    def alive(self) -> bool:
+        """The coordinator is running and has swept recently (what /healthz reports)."""
+        if self._thread is None or not self._thread.is_alive():
+            return False
+        return time.monotonic() - self.last_sweep_monotonic < max(10.0, 5 * self.interval)
+
+    def gpu_count(self) -> int:
+        return len(self._workers)
+
+    def _loop(self) -> None:
+        next_at = time.monotonic()
+        while not self._stop.is_set():
+            try:
+                self.sweep()
+            except Exception:  # a bug here must not end sampling for good
+                log.exception("sampling sweep failed")
+                self._count(("", "", "sweep", "exception"))
+            next_at += self.interval
+            now = time.monotonic()
+            if next_at < now:  # fell behind (a suspended VM, a stalled host): skip, don't burst
+                next_at = now
+            self._stop.wait(next_at - now)
+
+    # -- GPUs ------------------------------------------------------------------------------------------
+    def _add(self, devices: list[Device]) -> None:
+        for dev in devices:
+            self._health[dev.info.uuid] = _GpuHealth()  # before the worker is visible to a sweep
+        added = [_Worker(dev, self.backend, self._done) for dev in devices]
+        # a new list swapped in whole: a sweep running on another thread iterates the old one undisturbed
+        self._workers = sorted([*self._workers, *added], key=lambda w: w.device.info.index)
+
+    def _maybe_discover(self, now: float) -> None:
+        # A GPU that could not be identified at start (lost, mid-reset) is looked for again now and then,
+        # off the sampling thread, since discovery calls NVML too and may hang like any call.
+        if not self._unidentified or now < self._next_discovery:
+            return
+        if self._discovering is not None and self._discovering.is_alive():
+            return
+        self._next_discovery = now + DISCOVERY_EVERY
+
+        def discover() -> None:
+            found, failed = self.backend.discover({w.device.info.uuid for w in self._workers})
+            if found:
+                log.info("found %d more GPU(s): %s", len(found), ", ".join(d.info.uuid for d in found))
+                self._add(found)
+            self._unidentified = failed
+
+        self._discovering = threading.Thread(target=discover, name="gpumon-discover", daemon=True)
+        self._discovering.start()
+
+    # -- one sweep -------------------------------------------------------------------------------------
+    def sweep(self) -> Snapshot:
+        started = time.monotonic()
+        deadline = started + self.timeout
+        now = self.clock()
+        self._sweeps += 1
+        seq = self._sweeps
+        workers = list(self._workers)
+        asked: list[_Worker] = []
+        with self._done:
+            for w in workers:
+                health = self._health[w.device.info.uuid]
+                if w.busy:  # still inside a call from an earlier sweep
+                    continue
+                if health.down_reason is not None and now < health.next_retry:
+                    continue
+                w.request(seq, deadline, reopen=health.down_reason is not None)
+                asked.append(w)
+
+        host, host_status = self._read_host()
+
+        with self._done:
+            self._done.wait_for(
+                lambda: all(w.result_seq == seq for w in asked), timeout=max(0.0, deadline - time.monotonic())
+            )
+        gpu_elapsed = time.monotonic() - started
+        statuses = tuple(self._status(w, seq, w in asked) for w in workers)
+        self._maybe_discover(now)
+
+        snap = Snapshot(
+            timestamp=time.time(),
+            sweep=seq,
+            interval_seconds=self.interval,
+            backend=self.backend.name,
+            driver=self._driver,
+            device_count=max(self.backend.device_count, len(workers)),
+            gpus=statuses,
+            host=host,
+            collectors=(CollectorStatus("gpu", True, gpu_elapsed), host_status),
+            errors=MappingProxyType(dict(self._errors)),
+        )
+        self._snapshot = snap  # one reference swap: a scrape sees the old snapshot or the new, never a mix
+        self.last_sweep_monotonic = time.monotonic()
+        if self.on_snapshot is not None:
+            self.on_snapshot(snap)
+        return snap
+
+    def _read_host(self) -> tuple[HostReading | None, CollectorStatus]:
+        t0 = time.monotonic()
+        try:
+            reading = self.host.read()
+        except Exception as exc:  # psutil on an odd kernel: host series absent, GPUs unaffected
+            self._count(("", "", "host", type(exc).__name__), str(exc))
+            return None, CollectorStatus("host", False, time.monotonic() - t0)
+        return reading, CollectorStatus("host", True, time.monotonic() - t0)
+
+    def _status(self, w: _Worker, seq: int, asked: bool) -> GpuStatus:
+        dev = w.device
+        info = dev.info
+        health = self._health[info.uuid]
+        label = (str(info.index), info.uuid)
+        reading = None
+        duration = 0.0
+
+        if asked and w.result_seq == seq:
+            duration = w.finished - w.started
+            result = w.result
+            if isinstance(result, ReadResult):
+                reading = result.reading
+                for err in result.errors:
+                    self._count((*label, err.op, err.kind), err.message)
+                if health.down_reason is not None:
+                    log.warning(
+                        "GPU %d (%s) is back after %.0f s (was: %s)",
+                        info.index,
+                        info.uuid,
+                        self.clock() - health.down_since,
+                        health.down_reason,
+                    )
+                if health.hung_op is not None:
+                    log.warning(
+                        "GPU %d (%s): %s returned at last; reporting again",
+                        info.index,
+                        info.uuid,
+                        health.hung_op,
+                    )
+                health.down_reason = None
+                health.backoff = 0.0
+                health.hung_op = None
+                health.last_success = reading.timestamp
+            elif isinstance(result, DeviceDown):
+                self._mark_down(health, info.index, info.uuid, f"{result.kind} in {result.op}")
+                self._count((*label, result.op, result.kind), str(result), quiet=True)
+            else:  # a bug in a backend: count it, keep the GPU down, retry like any failure
+                self._mark_down(health, info.index, info.uuid, f"{type(result).__name__}: {result}")
+                self._count((*label, "read", "exception"), repr(result))
+                if isinstance(result, BaseException):
+                    log.error("reading GPU %d failed unexpectedly", info.index, exc_info=result)
+        elif w.busy:
+            duration = time.monotonic() - w.started
+            op = dev.current_op or "read"
+            if health.hung_op is None:
+                health.hung_op = op
+                self._count((*label, op, "deadline_exceeded"), quiet=True)
+                log.warning(
+                    "GPU %d (%s): %s has not returned within %.3g s; reporting the GPU down until it does",
+                    info.index,
+                    info.uuid,
+                    op,
+                    self.timeout,
+                )
+
+        if dev.support_version != health.caps_version:
+            health.caps = MappingProxyType(dict(dev.capabilities()))
+            health.caps_version = dev.support_version
+
+        if reading is None:
+            reason = health.down_reason or (
+                f"{health.hung_op} exceeded its deadline" if health.hung_op else None
+            )
+            return GpuStatus(
+                info, False, None, duration, health.last_success, reason or "not sampled", health.caps
+            )
+        return GpuStatus(info, True, reading, duration, health.last_success, None, health.caps)
+
+    def _mark_down(self, health: _GpuHealth, index: int, uuid: str, reason: str) -> None:
+        now = self.clock()
+        if health.down_reason is None:
+            health.down_since = now
+            log.warning("GPU %d (%s) is down: %s; retrying with backoff", index, uuid, reason)
+        health.down_reason = reason
+        health.backoff = min(BACKOFF_MAX, health.backoff * 2 if health.backoff else BACKOFF_INITIAL)
+        health.next_retry = now + health.backoff
+
+    def _count(self, key: ErrorKey, message: str = "", *, quiet: bool = False) -> None:
+        """Count a failure; log it unless the caller already did (GPU down, call hung)."""
+        n = self._errors.get(key, 0) + 1
+        self._errors[key] = n
+        if quiet:
+            return
+        now = time.monotonic()
+        last = self._error_logged.get(key)
+        if last is None or now - last >= ERROR_LOG_EVERY:
+            self._error_logged[key] = now
+            gpu, _, op, kind = key
+            where = f"GPU {gpu}" if gpu else "node"
+            log.warning(
+                "%s: %s failed with %s (%d so far)%s", where, op, kind, n, f": {message}" if message else ""
+            )

@@ -1,0 +1,76 @@
+"""The immutable result of one sampling sweep. A scrape reads one of these and never touches NVML."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from gpumon.gpu.types import DriverInfo, GpuInfo, GpuReading
+from gpumon.host import HostReading
+
+
+@dataclass(frozen=True, slots=True)
+class GpuStatus:
+    info: GpuInfo
+    up: bool
+    reading: GpuReading | None  # this sweep's reading; None while the GPU is down
+    duration_seconds: float  # time spent on this GPU in the sweep (the deadline when it timed out)
+    last_success: float | None  # unix time of the last successful read
+    down_reason: str | None  # e.g. "GpuIsLost in nvmlDeviceGetPowerUsage"
+    capabilities: Mapping[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class CollectorStatus:
+    name: str
+    success: bool
+    duration_seconds: float
+
+
+# error counter key: (gpu index or "", uuid or "", op, kind)
+ErrorKey = tuple[str, str, str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    timestamp: float  # unix time the sweep finished
+    sweep: int  # sweeps completed so far, this one included
+    interval_seconds: float
+    backend: str
+    driver: DriverInfo
+    device_count: int  # what NVML counts, identified or not
+    gpus: tuple[GpuStatus, ...]
+    host: HostReading | None
+    collectors: tuple[CollectorStatus, ...]
+    errors: Mapping[ErrorKey, int]
+
+
+def snapshot_json(snap: Snapshot) -> dict[str, Any]:
+    """The snapshot as plain JSON-able data (base units, as in the dataclasses)."""
+    return {
+        "timestamp": snap.timestamp,
+        "sweep": snap.sweep,
+        "interval_seconds": snap.interval_seconds,
+        "backend": snap.backend,
+        "simulated": snap.backend == "sim",
+        "driver": asdict(snap.driver),
+        "device_count": snap.device_count,
+        "gpus": [
+            {
+                **asdict(st.info),
+                "up": st.up,
+                "down_reason": st.down_reason,
+                "last_success": st.last_success,
+                "sample_duration_seconds": st.duration_seconds,
+                "reading": None if st.reading is None else asdict(st.reading),
+                "capabilities": dict(st.capabilities),
+            }
+            for st in snap.gpus
+        ],
+        "host": None if snap.host is None else asdict(snap.host),
+        "errors": [
+            {"gpu": gpu, "uuid": uuid, "op": op, "error": kind, "count": count}
+            for (gpu, uuid, op, kind), count in sorted(snap.errors.items())
+        ],
+    }
