@@ -1,0 +1,96 @@
+"""The ``gpumon`` command: serve | snapshot | doctor.
+
+Every failure a user can cause (bad flag, bad config, no driver, busy port) ends in one line on stderr and a
+non-zero exit, never a traceback: 2 for usage and configuration errors, 1 for runtime failures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+from typing import NoReturn
+
+from gpumon import __version__
+from gpumon.cli import doctor, serve, snapshot
+from gpumon.cli.common import add_common_options
+from gpumon.config import ConfigError, resolve, setup_logging
+from gpumon.gpu.types import BackendUnavailable
+from gpumon.listen import ListenError
+
+COMMANDS = {
+    "serve": (serve, "run the daemon: sample GPUs in the background and serve /metrics"),
+    "snapshot": (snapshot, "sample once and print a per-GPU table (or --json)"),
+    "doctor": (doctor, "report what this node supports, per GPU and quantity, with advice"),
+}
+# quieter by default for commands whose stdout is the product
+_DEFAULT_LOG_LEVEL = {"serve": "info", "snapshot": "warning", "doctor": "warning"}
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    parser = _Parser(prog="gpumon", description="GPU monitoring daemon and Prometheus exporter.")
+    parser.add_argument("--version", action="version", version=f"gpumon {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    commands = {}
+    for name, (module, help_) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_, description=help_)
+        module.add_arguments(p)
+        add_common_options(p)
+        commands[name] = p
+    return parser, commands
+
+
+def _flags(args: argparse.Namespace) -> dict[str, object]:
+    names = (
+        "listen",
+        "interval",
+        "timeout",
+        "backend",
+        "simulate",
+        "simulate_if_no_gpu",
+        "seed",
+        "sim_faults",
+        "log_level",
+        "config",
+    )
+    return {n: getattr(args, n, None) for n in names}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser, commands = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if args.command is None:
+        parser.error("choose a command: " + ", ".join(COMMANDS))
+    if extra:  # reported by the subcommand, so the hint points at its own --help
+        commands[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
+    prog = f"gpumon {args.command}"
+    try:
+        settings = resolve(_flags(args))
+    except ConfigError as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 2
+    if args.log_level is None and settings.log_level == "info":
+        settings.log_level = _DEFAULT_LOG_LEVEL[args.command]
+    setup_logging(settings.log_level)
+    module = COMMANDS[args.command][0]
+    try:
+        return module.run(settings, args)
+    except (BackendUnavailable, ListenError) as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:  # never a traceback to the user; the details are one flag away
+        logging.getLogger("gpumon").debug("internal error", exc_info=True)
+        print(
+            f"{prog}: internal error: {type(exc).__name__}: {exc} (rerun with --log-level debug for details, "
+            "and please report it)",
+            file=sys.stderr,
+        )
+        return 70

@@ -1,0 +1,89 @@
+"""Options every command shares, and opening the backend they ask for."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+from gpumon.config import DEFAULT_SIMULATION, Settings
+from gpumon.gpu.nvml import NvmlBackend
+from gpumon.gpu.sampler import Sampler
+from gpumon.gpu.sim import SimNvml
+from gpumon.gpu.types import BackendUnavailable
+
+log = logging.getLogger("gpumon")
+
+
+def add_common_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("GPU source")
+    g.add_argument(
+        "--backend",
+        choices=("auto", "nvml", "sim"),
+        help="auto (default): NVML when an NVIDIA driver is present; nvml: require it; sim: simulate",
+    )
+    g.add_argument(
+        "--simulate",
+        metavar="SPEC",
+        help=f"serve simulated GPUs, e.g. {DEFAULT_SIMULATION} or 4xH100-SXM,2xL4 (implies --backend sim)",
+    )
+    g.add_argument(
+        "--simulate-if-no-gpu",
+        metavar="SPEC",
+        help="with --backend auto: use NVML when a driver is present, otherwise simulate SPEC "
+        '(logged loudly and labelled backend="sim")',
+    )
+    g.add_argument("--seed", type=str, metavar="N", help="seed for the simulator (default 0)")
+    g.add_argument(
+        "--sim-fault",
+        dest="sim_faults",
+        action="append",
+        default=[],
+        metavar="FAULT",
+        help="inject a simulator fault, e.g. lost:3@10+30 or hang:2:nvmlDeviceGetPowerUsage@5 "
+        "(repeatable; see docs/simulator.md)",
+    )
+    o = p.add_argument_group("general")
+    o.add_argument("--config", metavar="PATH", help="TOML config file (also GPUMON_CONFIG)")
+    o.add_argument("--log-level", choices=("debug", "info", "warning", "error"), help="default: info")
+    o.add_argument(
+        "--timeout",
+        metavar="DURATION",
+        help="deadline for reading one GPU in a sweep (default: half the interval)",
+    )
+
+
+SIM_WARMUP = 120.0  # the simulated node has been training for two minutes when gpumon starts
+
+
+def simulated_backend(spec: str, settings: Settings) -> NvmlBackend:
+    sim = SimNvml(spec, seed=settings.seed, warmup=SIM_WARMUP)
+    for fault in settings.sim_faults:
+        sim.faults.add(fault)
+    return NvmlBackend(sim)
+
+
+def open_sampler(settings: Settings, command: str) -> Sampler:
+    """The sampler over the backend the settings ask for, opened. Raises BackendUnavailable with advice."""
+
+    def opened(backend: NvmlBackend) -> Sampler:
+        sampler = Sampler(backend, interval=settings.interval, timeout=settings.deadline)
+        sampler.open()
+        return sampler
+
+    if settings.simulated:
+        return opened(simulated_backend(settings.simulate or DEFAULT_SIMULATION, settings))
+    try:
+        return opened(NvmlBackend())
+    except BackendUnavailable as exc:
+        if settings.simulate_if_no_gpu:
+            log.warning(
+                "no usable NVIDIA driver (%s): serving SIMULATED GPUs (%s) as --simulate-if-no-gpu asks",
+                exc,
+                settings.simulate_if_no_gpu,
+            )
+            return opened(simulated_backend(settings.simulate_if_no_gpu, settings))
+        raise BackendUnavailable(
+            f"no usable NVIDIA driver: {exc}. To run with simulated GPUs instead: gpumon {command} "
+            f"--simulate {DEFAULT_SIMULATION} (or add --simulate-if-no-gpu {DEFAULT_SIMULATION} to fall back "
+            "automatically)"
+        ) from None

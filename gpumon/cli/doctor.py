@@ -1,0 +1,68 @@
+"""gpumon doctor: what this node supports, per GPU and quantity, with advice."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import textwrap
+
+from gpumon.cli.common import open_sampler
+from gpumon.config import Settings
+from gpumon.gpu.doctor import Report, diagnose
+
+_MARK = {
+    "supported": "yes",
+    "not_supported": "-",
+    "no_permission": "DENIED",
+    "error": "ERROR",
+    "unknown": "?",
+}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+
+
+def run(settings: Settings, args: argparse.Namespace) -> int:
+    sampler = open_sampler(settings, "doctor")
+    try:
+        sampler.sweep()
+        snap = sampler.sweep()  # the second sweep probes fallbacks the first one discovered a need for
+    finally:
+        sampler.stop()
+    report = diagnose(snap)
+    print(json.dumps(report.as_json(), indent=2) if args.json else render(report))
+    return 0
+
+
+def render(r: Report) -> str:
+    d = r.driver
+    lines = [
+        f"backend:        {r.backend}{' (SIMULATED GPUs)' if r.backend == 'sim' else ''}",
+        f"driver:         {d['driver_version'] or '?'}  CUDA {d['cuda_driver_version'] or '?'}  "
+        f"NVML {d['nvml_version'] or '?'}",
+        f"GPUs:           {r.device_count} counted by NVML, {len(r.gpus)} identified",
+        f"running as uid: {r.uid}{' (root)' if r.uid == 0 else ''}",
+    ]
+    for path, state in r.devices.items():
+        lines.append(f"device node:    {path} {state}")
+    for g in r.gpus:
+        pm = {True: "on", False: "OFF", None: "unknown"}[g["persistence_mode"]]
+        status = "up" if g["up"] else f"DOWN ({g['down_reason']})"
+        lines.append(
+            f"GPU {g['index']}:          {g['name']}  {g['uuid']}  {g['pci_bus_id']}  {status}  "
+            f"persistence {pm}"
+        )
+    if r.gpus:
+        lines += ["", "quantity".ljust(30) + " ".join(f"{g['index']:>6}" for g in r.gpus)]
+        for q in r.quantities:
+            marks = [_MARK.get(g["capabilities"].get(q, "unknown"), "?") for g in r.gpus]
+            lines.append(q.ljust(30) + " ".join(f"{m:>6}" for m in marks))
+        lines.append(
+            "(yes: read; -: not supported, series absent; DENIED: no permission; ERROR: failed now; "
+            "?: not tried, a fallback this GPU does not need)"
+        )
+    lines += ["", "advice:"]
+    for item in r.advice:
+        lines += textwrap.wrap(item, 100, initial_indent="  - ", subsequent_indent="    ")
+    return "\n".join(lines)

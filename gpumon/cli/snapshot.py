@@ -1,0 +1,119 @@
+"""gpumon snapshot: sample once and print a per-GPU table (or the JSON that /v1/gpus serves)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from gpumon.cli.common import open_sampler
+from gpumon.config import Settings
+from gpumon.gpu.snapshot import GpuStatus, Snapshot, snapshot_json
+from gpumon.gpu.types import THROTTLE_REASONS
+
+GIB = 1024**3
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="print the snapshot as JSON (base units)")
+
+
+def run(settings: Settings, args: argparse.Namespace) -> int:
+    sampler = open_sampler(settings, "snapshot")
+    try:
+        snap = sampler.sweep()
+    finally:
+        sampler.stop()
+    print(json.dumps(snapshot_json(snap), indent=2) if args.json else render(snap))
+    return 0
+
+
+def _fmt(value: float | None, fmt: str, scale: float = 1.0) -> str:
+    return "-" if value is None else format(value * scale, fmt)
+
+
+def _throttle(mask: int | None) -> str:
+    if mask is None:
+        return "-"
+    names = [name for bit, name, _ in THROTTLE_REASONS if mask & bit]
+    return ",".join(names) or "none"
+
+
+def _row(st: GpuStatus) -> list[str]:
+    i, r = st.info, st.reading
+    if r is None:
+        return [str(i.index), i.name, "DOWN", st.down_reason or "", "", "", "", "", "", ""]
+    mem = f"{_fmt(r.memory_used_bytes, '.1f', 1 / GIB)}/{_fmt(r.memory_total_bytes, '.1f', 1 / GIB)}"
+    power = f"{_fmt(r.power_watts, '.0f')}/{_fmt(r.power_limit_watts, '.0f')}"
+    temp = _fmt(r.temperature_celsius, ".0f")
+    if r.memory_temperature_celsius is not None:
+        temp += f" ({r.memory_temperature_celsius:.0f})"
+    if r.pcie_receive_bytes is not None:
+        pcie = (
+            f"{_fmt(r.pcie_receive_bytes, '.1f', 1 / GIB)}/{_fmt(r.pcie_transmit_bytes, '.1f', 1 / GIB)} GiB"
+        )
+    else:
+        pcie = (
+            f"{_fmt(r.pcie_receive_bytes_per_second, '.0f', 1e-6)}/"
+            f"{_fmt(r.pcie_transmit_bytes_per_second, '.0f', 1e-6)} MB/s"
+        )
+    nvl = "-"
+    if r.nvlink_receive_bytes is not None:
+        up = sum(1 for link in r.nvlinks if link.up)
+        nvl = (
+            f"{r.nvlink_receive_bytes / GIB:.0f}/{_fmt(r.nvlink_transmit_bytes, '.0f', 1 / GIB)} GiB"
+            f" {up}/{len(r.nvlinks)} up"
+        )
+    return [
+        str(i.index),
+        i.name,
+        _fmt(r.utilization_ratio, ".0%"),
+        mem,
+        power,
+        temp,
+        _fmt(r.sm_clock_hz, ".0f", 1e-6),
+        _throttle(r.throttle_reasons),
+        pcie,
+        nvl,
+    ]
+
+
+def render(snap: Snapshot) -> str:
+    d = snap.driver
+    head = (
+        f"backend {snap.backend}{' (SIMULATED GPUs)' if snap.backend == 'sim' else ''} · driver "
+        f"{d.driver_version or '?'} · CUDA {d.cuda_driver_version or '?'} · {len(snap.gpus)} GPU(s)"
+    )
+    header = [
+        "GPU",
+        "NAME",
+        "UTIL",
+        "MEM GiB",
+        "POWER W",
+        "TEMP C (HBM)",
+        "SM MHz",
+        "THROTTLE",
+        "PCIE RX/TX",
+        "NVLINK RX/TX",
+    ]
+    rows = [header, *(_row(st) for st in snap.gpus)]
+    widths = [max(len(r[c]) for r in rows) for c in range(len(header))]
+    lines = [head, ""] + [
+        "  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in rows
+    ]
+    h = snap.host
+    if h is not None:
+        lines += [
+            "",
+            f"host: {h.cpu_count} CPUs {h.cpu_utilization_ratio:.0%} busy · memory "
+            f"{h.memory_available_bytes / GIB:.1f}/{h.memory_total_bytes / GIB:.1f} GiB available · "
+            f"load {h.load1:.2f} {h.load5:.2f} {h.load15:.2f}",
+        ]
+    if snap.errors:
+        lines += [
+            "",
+            "errors: "
+            + ", ".join(
+                f"GPU {g or '-'} {op} {kind} x{n}" for (g, _, op, kind), n in sorted(snap.errors.items())
+            ),
+        ]
+    return "\n".join(lines)

@@ -1,0 +1,172 @@
+"""One settings object from flags, GPUMON_* environment variables and an optional TOML file.
+
+Precedence, highest first: command-line flag, environment variable, config file, built-in default.
+The config file is read only when named (``--config PATH`` or ``GPUMON_CONFIG``); its keys are the long
+flag names with underscores (``simulate_if_no_gpu = "8xH100-SXM"``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+from gpumon.gpu.sim import Fault, FaultSpecError, SpecError, parse_spec
+from gpumon.listen import ListenError, parse_listen
+
+DEFAULT_PORT = 9478
+DEFAULT_SIMULATION = "8xH100-SXM"
+BACKENDS = ("auto", "nvml", "sim")
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+class ConfigError(Exception):
+    """A setting is wrong; the message says which and how to fix it."""
+
+
+@dataclass
+class Settings:
+    listen: str = f"0.0.0.0:{DEFAULT_PORT}"
+    interval: float = 1.0
+    timeout: float | None = None  # per-GPU deadline for one sweep; default half the interval
+    backend: str = "auto"
+    simulate: str | None = None
+    simulate_if_no_gpu: str | None = None
+    seed: int = 0
+    sim_faults: list[str] = field(default_factory=list)
+    log_level: str = "info"
+
+    @property
+    def deadline(self) -> float:
+        return self.timeout if self.timeout is not None else self.interval / 2.0
+
+    @property
+    def simulated(self) -> bool:
+        return self.backend == "sim" or self.simulate is not None
+
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m)?\s*$")
+
+
+def parse_duration(text: str | float | int, what: str) -> float:
+    if isinstance(text, bool):
+        raise ConfigError(f"{what}: expected a duration such as 1s or 500ms, got {text!r}")
+    if isinstance(text, int | float):
+        seconds = float(text)
+    else:
+        m = _DURATION.match(text)
+        if not m:
+            raise ConfigError(f"{what}: expected a duration such as 1s, 500ms or 2m, got {text!r}")
+        seconds = float(m.group(1)) * {"ms": 0.001, "s": 1.0, "m": 60.0, None: 1.0}[m.group(2)]
+    if not 0 < seconds <= 3600:
+        raise ConfigError(f"{what}: must be more than 0 and at most 1h, got {text!r}")
+    return seconds
+
+
+def _env_name(key: str) -> str:
+    return "GPUMON_" + key.upper()
+
+
+def load_file(path: str) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as fh:
+            data = tomllib.load(fh)
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+    known = {f.name for f in fields(Settings)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ConfigError(
+            f"config file {path}: unknown key {unknown[0]!r} (known: {', '.join(sorted(known))})"
+        )
+    return data
+
+
+def resolve(flags: Mapping[str, Any], env: Mapping[str, str] | None = None) -> Settings:
+    """Merge flags (None = not given), environment and config file; validate everything."""
+    env = os.environ if env is None else env
+    config_path = flags.get("config") or env.get("GPUMON_CONFIG")
+    from_file = load_file(config_path) if config_path else {}
+    raw: dict[str, Any] = {}
+    for f in fields(Settings):
+        flag = flags.get(f.name)
+        if flag is not None and flag != []:
+            raw[f.name] = flag
+        elif _env_name(f.name) in env:
+            value: Any = env[_env_name(f.name)]
+            raw[f.name] = [v for v in value.split(",") if v.strip()] if f.name == "sim_faults" else value
+        elif f.name in from_file:
+            raw[f.name] = from_file[f.name]
+    return validate(raw)
+
+
+def validate(raw: Mapping[str, Any]) -> Settings:
+    s = Settings()
+    if "listen" in raw:
+        s.listen = str(raw["listen"])
+        try:
+            parse_listen(s.listen)
+        except ListenError as exc:
+            raise ConfigError(str(exc)) from None
+    if "interval" in raw:
+        s.interval = parse_duration(raw["interval"], "interval")
+    if raw.get("timeout") is not None:
+        s.timeout = parse_duration(raw["timeout"], "timeout")
+        if s.timeout > s.interval:
+            raise ConfigError(f"timeout ({s.timeout:g}s) must not exceed the interval ({s.interval:g}s)")
+    if "backend" in raw:
+        s.backend = str(raw["backend"]).lower()
+        if s.backend not in BACKENDS:
+            raise ConfigError(f"backend: expected one of {', '.join(BACKENDS)}, got {raw['backend']!r}")
+    for key in ("simulate", "simulate_if_no_gpu"):
+        if raw.get(key):
+            spec = str(raw[key])
+            try:
+                parse_spec(spec)
+            except SpecError as exc:
+                raise ConfigError(f"{key.replace('_', '-')}: {exc}") from None
+            setattr(s, key, spec)
+    if s.simulate and s.backend == "nvml":
+        raise ConfigError("--simulate conflicts with --backend nvml: pick one")
+    if s.simulate_if_no_gpu and s.backend != "auto":
+        raise ConfigError("--simulate-if-no-gpu only applies with --backend auto")
+    if "seed" in raw:
+        try:
+            s.seed = int(raw["seed"])
+        except (TypeError, ValueError):
+            raise ConfigError(f"seed: expected an integer, got {raw['seed']!r}") from None
+    faults = raw.get("sim_faults") or []
+    if isinstance(faults, str):
+        faults = [faults]
+    for spec in faults:
+        try:
+            Fault.parse(str(spec))
+        except FaultSpecError as exc:
+            raise ConfigError(f"sim-fault: {exc}") from None
+    s.sim_faults = [str(f) for f in faults]
+    if s.sim_faults and not (s.simulated or s.simulate_if_no_gpu):
+        raise ConfigError("--sim-fault needs simulated GPUs (--simulate SPEC)")
+    if "log_level" in raw:
+        s.log_level = str(raw["log_level"]).lower()
+        if s.log_level not in LOG_LEVELS:
+            raise ConfigError(f"log-level: expected one of {', '.join(LOG_LEVELS)}, got {raw['log_level']!r}")
+    return s
+
+
+def setup_logging(level: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper()),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )

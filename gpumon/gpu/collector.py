@@ -1,0 +1,145 @@
+"""Snapshot → Prometheus metric families. A scrape never calls NVML.
+
+NVML calls cost about a millisecond each (the PCIe throughput call 20 ms), and prometheus_client runs
+``collect()`` on the server's event loop: sampling therefore happens in the background (gpumon.gpu.sampler)
+and a scrape only formats the latest immutable snapshot. Families are built once per snapshot and reused by
+every scrape until the next sweep replaces it.
+"""
+
+from __future__ import annotations
+
+import platform
+import threading
+from collections.abc import Callable, Iterator
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from gpumon import __version__
+from gpumon import metrics as M
+from gpumon.gpu.snapshot import GpuStatus, Snapshot
+from gpumon.gpu.types import THROTTLE_REASONS
+
+_ECC_TYPES = ("corrected", "uncorrected")
+
+
+def _family(m: M.Metric) -> Metric:
+    cls = CounterMetricFamily if m.type == "counter" else GaugeMetricFamily
+    return cls(m.name, m.help, labels=m.labels)
+
+
+def _add_gpu(f: dict[str, Metric], st: GpuStatus) -> None:
+    info = st.info
+    gl = [str(info.index), info.uuid]
+    f[M.GPU_INFO.name].add_metric(
+        [
+            *gl,
+            info.name,
+            info.pci_bus_id,
+            info.serial or "",
+            info.board_part_number or "",
+            info.vbios_version or "",
+        ],
+        1,
+    )
+    f[M.GPU_UP.name].add_metric(gl, 1 if st.up else 0)
+    f[M.GPU_SAMPLE_DURATION.name].add_metric(gl, st.duration_seconds)
+    if st.last_success is not None:
+        f[M.GPU_LAST_SAMPLE.name].add_metric(gl, st.last_success)
+    static = (
+        (M.PERSISTENCE, info.persistence_mode),
+        (M.SM_CLOCK_MAX, info.sm_clock_max_hz),
+        (M.MEM_CLOCK_MAX, info.memory_clock_max_hz),
+        (M.PCIE_GEN_MAX, info.pcie_link_max_generation),
+        (M.PCIE_WIDTH_MAX, info.pcie_link_max_width),
+    )
+    for metric, value in static:
+        if value is not None:
+            f[metric.name].add_metric(gl, value)
+    if info.nvlink_count:
+        f[M.NVL_LINKS.name].add_metric(gl, info.nvlink_count)
+
+    r = st.reading
+    if r is None:  # down: only the health series above, no stale values
+        return
+    for metric in M.GPU_SCALARS:
+        value = getattr(r, metric.field)  # type: ignore[arg-type]
+        if value is not None:
+            f[metric.name].add_metric(gl, value)
+    if r.throttle_reasons is not None:
+        active = f[M.THROTTLE_ACTIVE.name]
+        for bit, reason, _ in THROTTLE_REASONS:
+            active.add_metric([*gl, reason], 1 if r.throttle_reasons & bit else 0)
+    for reason, seconds in r.throttle_seconds.items():
+        f[M.THROTTLE_SECONDS.name].add_metric([*gl, reason], seconds)
+    for metric, pair in (
+        (M.ECC, (r.ecc_corrected_errors, r.ecc_uncorrected_errors)),
+        (M.ECC_LIFETIME, (r.ecc_corrected_errors_lifetime, r.ecc_uncorrected_errors_lifetime)),
+        (M.REMAPPED, (r.remapped_rows_correctable, r.remapped_rows_uncorrectable)),
+    ):
+        for kind, value in zip(_ECC_TYPES, pair, strict=True):
+            if value is not None:
+                f[metric.name].add_metric([*gl, kind], value)
+    for link in r.nvlinks:
+        ll = [*gl, str(link.link)]
+        if link.up is not None:
+            f[M.NVL_LINK_UP.name].add_metric(ll, 1 if link.up else 0)
+        if link.transmit_bytes is not None:
+            f[M.NVL_LINK_TX.name].add_metric(ll, link.transmit_bytes)
+        if link.receive_bytes is not None:
+            f[M.NVL_LINK_RX.name].add_metric(ll, link.receive_bytes)
+
+
+def build_families(snap: Snapshot) -> list[Metric]:
+    f = {m.name: _family(m) for m in M.REGISTRY}
+    f[M.BUILD_INFO.name].add_metric([__version__, platform.python_version(), snap.backend], 1)
+    d = snap.driver
+    f[M.DRIVER_INFO.name].add_metric([d.driver_version, d.cuda_driver_version, d.nvml_version], 1)
+    f[M.DEVICE_COUNT.name].add_metric([], snap.device_count)
+    f[M.SAMPLE_INTERVAL.name].add_metric([], snap.interval_seconds)
+    f[M.LAST_SAMPLE.name].add_metric([], snap.timestamp)
+    f[M.SAMPLES.name].add_metric([], snap.sweep)
+    for c in snap.collectors:
+        f[M.COLLECTOR_SUCCESS.name].add_metric([c.name], 1 if c.success else 0)
+        f[M.COLLECTOR_DURATION.name].add_metric([c.name], c.duration_seconds)
+    for key, count in snap.errors.items():
+        f[M.ERRORS.name].add_metric(list(key), count)
+    for st in snap.gpus:
+        _add_gpu(f, st)
+    h = snap.host
+    if h is not None:
+        for metric, value in (
+            (M.HOST_CPU, h.cpu_utilization_ratio),
+            (M.HOST_CPUS, h.cpu_count),
+            (M.HOST_MEM_TOTAL, h.memory_total_bytes),
+            (M.HOST_MEM_AVAIL, h.memory_available_bytes),
+            (M.HOST_LOAD1, h.load1),
+            (M.HOST_LOAD5, h.load5),
+            (M.HOST_LOAD15, h.load15),
+        ):
+            f[metric.name].add_metric([], value)
+    # a family without samples is a quantity nobody here supports: leave it out entirely
+    return [fam for fam in f.values() if fam.samples]
+
+
+class SnapshotCollector:
+    """A prometheus_client collector over whatever snapshot ``source`` returns."""
+
+    def __init__(self, source: Callable[[], Snapshot | None]) -> None:
+        self.source = source
+        self._lock = threading.Lock()
+        self._for: Snapshot | None = None
+        self._families: list[Metric] = []
+
+    def describe(self) -> list[Metric]:
+        """Every family this collector can yield: lets ``name[]`` filtering and duplicate checks work."""
+        return [_family(m) for m in M.REGISTRY]
+
+    def collect(self) -> Iterator[Metric]:
+        snap = self.source()
+        if snap is None:
+            return iter(())
+        with self._lock:
+            if snap is not self._for:
+                self._families = build_families(snap)
+                self._for = snap
+            return iter(self._families)

@@ -1,0 +1,94 @@
+"""HTTP: /metrics, /healthz, /readyz, /v1/gpus and a landing page, served by uvicorn (one worker)."""
+
+from __future__ import annotations
+
+import gzip
+import html
+from collections.abc import Callable
+
+from fastapi import FastAPI, Request, Response
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
+from prometheus_client import CollectorRegistry, ProcessCollector
+from prometheus_client.exposition import choose_encoder
+
+from gpumon import __version__
+from gpumon.gpu.collector import SnapshotCollector
+from gpumon.gpu.snapshot import Snapshot, snapshot_json
+
+GZIP_LEVEL = 6  # level 9 costs several times the CPU for a few percent on exposition text
+
+
+def build_registry(source: Callable[[], Snapshot | None]) -> CollectorRegistry:
+    registry = CollectorRegistry()
+    registry.register(SnapshotCollector(source))
+    ProcessCollector(registry=registry)
+    return registry
+
+
+def create_app(
+    source: Callable[[], Snapshot | None],
+    alive: Callable[[], bool],
+    *,
+    backend: str,
+) -> FastAPI:
+    registry = build_registry(source)
+    app = FastAPI(title="gpumon", version=__version__, docs_url=None, redoc_url=None)
+
+    @app.get("/metrics", summary="Prometheus exposition (text 0.0.4 or OpenMetrics by Accept; gzip)")
+    def metrics(request: Request) -> Response:
+        encoder, content_type = choose_encoder(request.headers.get("accept", ""))
+        names = request.query_params.getlist("name[]")
+        body = encoder(registry.restricted_registry(names) if names else registry)
+        headers = {"Content-Type": content_type}
+        if "gzip" in request.headers.get("accept-encoding", ""):
+            body = gzip.compress(body, compresslevel=GZIP_LEVEL)
+            headers["Content-Encoding"] = "gzip"
+        return Response(body, headers=headers)
+
+    @app.get("/healthz", response_class=PlainTextResponse, summary="Liveness: the sampler is running")
+    def healthz() -> Response:
+        if alive():
+            return PlainTextResponse("ok\n")
+        return PlainTextResponse("sampler stalled: no sweep completed recently\n", status_code=503)
+
+    @app.get("/readyz", response_class=PlainTextResponse, summary="Readiness: the first sample exists")
+    def readyz() -> Response:
+        if source() is None:
+            return PlainTextResponse("not ready: waiting for the first sample\n", status_code=503)
+        return PlainTextResponse("ready\n")
+
+    @app.get("/v1/gpus", summary="The latest snapshot as JSON: readings in base units, health, capabilities")
+    def gpus() -> Response:
+        snap = source()
+        if snap is None:
+            return JSONResponse({"detail": "not ready: waiting for the first sample"}, status_code=503)
+        return JSONResponse(snapshot_json(snap))
+
+    @app.get("/", response_class=HTMLResponse, include_in_schema=False)
+    def index() -> Response:
+        return HTMLResponse(_landing(backend))
+
+    return app
+
+
+def _landing(backend: str) -> str:
+    banner = ""
+    if backend == "sim":
+        banner = (
+            '<p style="background:#fde68a;padding:.5em"><b>Simulated GPUs.</b> These numbers come from '
+            'gpumon\'s simulator, not from hardware (gpumon_build_info{backend="sim"}).</p>'
+        )
+    links = "".join(
+        f'<li><a href="{path}">{path}</a>: {html.escape(text)}</li>'
+        for path, text in (
+            ("/metrics", "Prometheus metrics"),
+            ("/v1/gpus", "latest snapshot as JSON"),
+            ("/healthz", "liveness"),
+            ("/readyz", "readiness"),
+        )
+    )
+    return (
+        f"<!doctype html><html><head><title>gpumon</title></head><body><h1>gpumon {__version__}</h1>"
+        f"{banner}<p>GPU monitoring daemon and Prometheus exporter (backend: {html.escape(backend)}).</p>"
+        f"<ul>{links}</ul></body></html>"
+    )
