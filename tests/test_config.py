@@ -1,0 +1,94 @@
+"""Configuration: flags over GPUMON_* environment over config file over defaults, and clear errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gpumon.config import ConfigError, Settings, parse_duration, resolve
+
+
+def flags(**kw: object) -> dict[str, object]:
+    return kw
+
+
+def test_defaults() -> None:
+    s = resolve({}, env={})
+    assert s == Settings()
+    assert s.listen == "0.0.0.0:9478" and s.interval == 1.0 and s.deadline == 0.5 and s.backend == "auto"
+
+
+def test_precedence_flag_then_env_then_file_then_default(tmp_path: Path) -> None:
+    cfg = tmp_path / "gpumon.toml"
+    cfg.write_text('interval = "2s"\nlisten = "127.0.0.1:9000"\nseed = 3\nlog_level = "debug"\n')
+    env = {"GPUMON_CONFIG": str(cfg), "GPUMON_LISTEN": "127.0.0.1:9100", "GPUMON_SEED": "5"}
+    s = resolve(flags(seed="7"), env=env)
+    assert s.seed == 7  # flag beats env and file
+    assert s.listen == "127.0.0.1:9100"  # env beats file
+    assert s.interval == 2.0 and s.log_level == "debug"  # file beats default
+    assert s.timeout is None and s.deadline == 1.0
+
+
+def test_config_flag_beats_env_config(tmp_path: Path) -> None:
+    a, b = tmp_path / "a.toml", tmp_path / "b.toml"
+    a.write_text("seed = 1\n")
+    b.write_text("seed = 2\n")
+    assert resolve(flags(config=str(b)), env={"GPUMON_CONFIG": str(a)}).seed == 2
+
+
+def test_env_lists_and_simulation(tmp_path: Path) -> None:
+    s = resolve({}, env={"GPUMON_SIMULATE": "2xL4", "GPUMON_SIM_FAULTS": "lost:1@5,slow:0:*=0.01"})
+    assert s.simulated and s.simulate == "2xL4" and s.sim_faults == ["lost:1@5", "slow:0:*=0.01"]
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("1s", 1.0), ("500ms", 0.5), ("2m", 120.0), ("0.25", 0.25), (3, 3.0), (" 10 s ", 10.0)],
+)
+def test_durations(text, seconds) -> None:
+    assert parse_duration(text, "interval") == seconds
+
+
+@pytest.mark.parametrize("text", ["0", "-1s", "fast", "1h", "2d", True, ""])
+def test_bad_durations(text) -> None:
+    with pytest.raises(ConfigError, match="interval"):
+        parse_duration(text, "interval")
+
+
+@pytest.mark.parametrize(
+    ("given", "message"),
+    [
+        (dict(listen="nohost"), "bad listen address"),
+        (dict(listen="1.2.3.4:99999"), "bad listen address"),
+        (dict(backend="cuda"), "backend: expected one of auto, nvml, sim"),
+        (dict(simulate="8xH999"), "unknown GPU model 'H999'"),
+        (dict(simulate="2xL4", backend="nvml"), "conflicts"),
+        (dict(simulate_if_no_gpu="2xL4", backend="nvml"), "only applies with --backend auto"),
+        (dict(sim_faults=["lost:1"]), "needs simulated GPUs"),
+        (dict(simulate="2xL4", sim_faults=["melt:1"]), "unknown fault kind"),
+        (dict(seed="x"), "seed: expected an integer"),
+        (dict(interval="1s", timeout="2s"), "must not exceed the interval"),
+        (dict(log_level="loud"), "log-level"),
+    ],
+)
+def test_bad_settings_name_the_setting(given, message) -> None:
+    with pytest.raises(ConfigError, match=message):
+        resolve(given, env={})
+
+
+def test_config_file_errors(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"cannot read config file .*missing\.toml"):
+        resolve(flags(config=str(tmp_path / "missing.toml")), env={})
+    bad = tmp_path / "bad.toml"
+    bad.write_text("interval = = 1\n")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        resolve(flags(config=str(bad)), env={})
+    unknown = tmp_path / "unknown.toml"
+    unknown.write_text('intervall = "1s"\n')
+    with pytest.raises(ConfigError, match="unknown key 'intervall'"):
+        resolve(flags(config=str(unknown)), env={})
+    typed = tmp_path / "typed.toml"
+    typed.write_text("interval = true\n")
+    with pytest.raises(ConfigError, match="interval"):
+        resolve(flags(config=str(typed)), env={})

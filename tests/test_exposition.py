@@ -1,0 +1,152 @@
+"""Snapshot → exposition: a golden file, every registered metric actually served, naming conventions, docs."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from pathlib import Path
+
+import pytest
+from helpers import ROOT, set_state
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from gpumon import metrics as M
+from gpumon.gpu import collector as collector_module
+from gpumon.gpu.collector import SnapshotCollector, build_families
+from gpumon.gpu.snapshot import CollectorStatus
+from gpumon.host import HostReading
+
+GOLDEN = Path(__file__).parent / "golden" / "metrics.prom"
+
+
+def exposition(snap) -> str:
+    registry = CollectorRegistry()
+    registry.register(SnapshotCollector(lambda: snap))
+    return generate_latest(registry).decode()
+
+
+def pinned(snap):
+    """The snapshot with every wall-clock value fixed, so the exposition is byte-for-byte stable."""
+    gpus = tuple(
+        dataclasses.replace(
+            g,
+            duration_seconds=0.004,
+            last_success=1.7e9 if g.last_success else None,
+            reading=None
+            if g.reading is None
+            else dataclasses.replace(g.reading, timestamp=1.7e9, duration_seconds=0.004),
+        )
+        for g in snap.gpus
+    )
+    host = HostReading(0.25, 64, 2.0 * 2**40, 1.5 * 2**40, 3.5, 3.0, 2.5)
+    return dataclasses.replace(
+        snap,
+        timestamp=1.7e9,
+        gpus=gpus,
+        host=host,
+        collectors=(CollectorStatus("gpu", True, 0.02), CollectorStatus("host", True, 0.001)),
+    )
+
+
+@pytest.fixture
+def mixed_node(sims, samplers):
+    """A node with one of everything: a full H100, an A100 (PCIe rate fallback), an RTX A6000 (fan, no ECC,
+    no NVLink) and a lost H100."""
+    sim = sims("1xH100-SXM,1xA100,1xRTX-A6000,1xH100-SXM", static=True)
+    for i in range(3):
+        set_state(sim, i)
+    sampler = samplers(sim, timeout=1.0)
+    sampler.sweep()
+    sim.faults.add("lost:3")
+    return sampler.sweep()
+
+
+def test_golden_exposition(mixed_node, monkeypatch) -> None:
+    monkeypatch.setattr(collector_module.platform, "python_version", lambda: "3.x")
+    text = exposition(pinned(mixed_node))
+    if os.environ.get("GPUMON_UPDATE_GOLDEN"):
+        GOLDEN.parent.mkdir(exist_ok=True)
+        GOLDEN.write_text(text)
+    assert text == GOLDEN.read_text(), "exposition changed; if intended, rerun with GPUMON_UPDATE_GOLDEN=1"
+
+
+def test_every_registered_metric_is_served_and_nothing_else(mixed_node) -> None:
+    served = {f.name for f in text_string_to_metric_families(exposition(mixed_node))}
+    registered = {m.name.removesuffix("_total") if m.type == "counter" else m.name for m in M.REGISTRY}
+    assert registered - served == set(), "registered but never served"
+    assert served - registered == set(), "served but not in gpumon/metrics.py"
+
+
+def test_a_down_gpu_keeps_its_health_series_and_loses_its_values(mixed_node) -> None:
+    text = exposition(mixed_node)
+    uuid = mixed_node.gpus[3].info.uuid
+    lines = [ln for ln in text.splitlines() if f'uuid="{uuid}"' in ln]
+    names = {ln.split("{")[0] for ln in lines}
+    assert f'gpumon_gpu_up{{gpu="3",uuid="{uuid}"}} 0.0' in lines
+    assert "gpumon_gpu_power_watts" not in names and "gpumon_gpu_energy_joules_total" not in names
+    assert {"gpumon_gpu_info", "gpumon_gpu_up", "gpumon_gpu_last_sample_timestamp_seconds"} <= names
+
+
+def test_unsupported_quantities_are_absent_not_zero(mixed_node) -> None:
+    text = exposition(mixed_node)
+    a6000 = mixed_node.gpus[2].info.uuid
+    h100 = mixed_node.gpus[0].info.uuid
+    assert f'gpumon_gpu_fan_speed_ratio{{gpu="2",uuid="{a6000}"}}' in text
+    assert f'gpumon_gpu_fan_speed_ratio{{gpu="0",uuid="{h100}"}}' not in text
+    assert not re.search(rf'gpumon_gpu_ecc_errors_total\{{gpu="2",type="\w+",uuid="{a6000}"}}', text)
+
+
+def test_the_collector_builds_families_once_per_snapshot(mixed_node) -> None:
+    collector = SnapshotCollector(lambda: mixed_node)
+    first = list(collector.collect())
+    assert all(a is b for a, b in zip(first, collector.collect(), strict=True))
+
+
+def test_no_snapshot_yet_serves_nothing_rather_than_zeros() -> None:
+    assert list(SnapshotCollector(lambda: None).collect()) == []
+
+
+def test_families_without_samples_are_left_out(sims, samplers) -> None:
+    snap = samplers(sims("1xL4", static=True)).sweep()
+    names = {f.name for f in build_families(snap)}
+    assert "gpumon_gpu_nvlink_transmit_bytes" not in names
+    assert "gpumon_gpu_memory_temperature_celsius" not in names
+
+
+UNIT_SUFFIX = {
+    "bytes": "_bytes",
+    "seconds": "_seconds",
+    "watts": "_watts",
+    "joules": "_joules",
+    "celsius": "_celsius",
+    "hertz": "_hertz",
+    "ratio": "_ratio",
+    "bytes/s": "_bytes_per_second",
+}
+
+
+@pytest.mark.parametrize("m", M.REGISTRY, ids=lambda m: m.name)
+def test_metric_names_follow_prometheus_conventions(m: M.Metric) -> None:
+    assert re.fullmatch(r"gpumon_[a-z0-9_]+", m.name)
+    assert m.type in ("gauge", "counter")
+    if m.type == "counter":
+        assert m.name.endswith("_total")
+    else:
+        assert not m.name.endswith(("_total", "_count", "_sum", "_bucket"))
+    if m.unit:
+        assert m.name.removesuffix("_total").endswith(UNIT_SUFFIX[m.unit]), f"{m.name} lacks its unit"
+    if m.name.startswith("gpumon_gpu_"):
+        assert m.labels[:2] == ("gpu", "uuid")
+    assert m.help.endswith(".") and len(m.help) > 10
+    assert '"' not in m.help and "\\" not in m.help, "promtool rejects escaped quotes in HELP"
+
+
+def test_names_are_unique() -> None:
+    assert len({m.name for m in M.REGISTRY}) == len(M.REGISTRY)
+
+
+def test_docs_metrics_md_is_generated_from_the_registry() -> None:
+    doc = (ROOT / "docs" / "metrics.md").read_text()
+    assert doc == M.render_markdown(), "docs/metrics.md is stale: python -m gpumon.metrics > docs/metrics.md"

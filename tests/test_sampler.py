@@ -1,0 +1,164 @@
+"""The sampler: per-GPU workers, deadlines, lost GPUs with backoff, hung calls, immutable snapshots."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import threading
+import time
+
+import pytest
+
+from gpumon.gpu.sampler import BACKOFF_MAX
+
+
+def up(snap) -> list[bool]:
+    return [g.up for g in snap.gpus]
+
+
+def test_a_sweep_reads_every_gpu_and_the_host(sims, samplers) -> None:
+    sampler = samplers(sims("4xH100-SXM", seed=1), timeout=0.5)
+    snap = sampler.sweep()
+    assert up(snap) == [True] * 4
+    assert all(g.reading is not None and g.reading.power_watts for g in snap.gpus)
+    assert snap.host is not None and snap.host.cpu_count >= 1 and snap.host.memory_total_bytes > 0
+    assert [c.name for c in snap.collectors] == ["gpu", "host"] and all(c.success for c in snap.collectors)
+    assert snap.backend == "sim" and snap.device_count == 4 and snap.sweep == 1
+    assert sampler.sweep().sweep == 2
+
+
+def test_snapshots_are_immutable(sims, samplers) -> None:
+    snap = samplers(sims("1xH100-SXM")).sweep()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        snap.sweep = 5  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        snap.errors[("0", "x", "op", "kind")] = 1  # type: ignore[index]
+    with pytest.raises(TypeError):
+        snap.gpus[0].capabilities["fan"] = "supported"  # type: ignore[index]
+
+
+def test_a_gpu_lost_mid_run_is_down_while_the_others_stay_fresh(sims, samplers, clock) -> None:
+    sim = sims("3xH100-SXM", static=True)
+    sampler = samplers(sim, timeout=0.5, clock=clock)
+    first = sampler.sweep()
+    lost = sim.faults.add("lost:1")
+    clock.advance(1)
+    snap = sampler.sweep()
+    assert up(snap) == [True, False, True]
+    down = snap.gpus[1]
+    assert down.reading is None and down.down_reason == "GpuIsLost in nvmlDeviceGetUtilizationRates"
+    assert down.last_success == first.gpus[1].reading.timestamp
+    assert snap.gpus[0].reading.timestamp > first.gpus[0].reading.timestamp
+    uuid = snap.gpus[1].info.uuid
+    assert snap.errors[("1", uuid, "nvmlDeviceGetUtilizationRates", "GpuIsLost")] == 1
+
+    sim.faults.remove(lost)
+    clock.advance(0.5)  # inside the first backoff (1 s): not retried yet
+    assert up(sampler.sweep()) == [True, False, True]
+    clock.advance(0.6)
+    assert up(sampler.sweep()) == [True, True, True]
+
+
+def test_retries_back_off_exponentially_up_to_a_ceiling(sims, samplers, clock) -> None:
+    sim = sims("1xH100-SXM", static=True)
+    sampler = samplers(sim, timeout=0.5, clock=clock)
+    sim.faults.add("lost:0")
+    attempts = []
+    for second in range(0, 400):
+        clock.t = float(second)
+        before = sum(n for (g, _, op, _), n in sampler._errors.items() if g == "0")
+        sampler.sweep()
+        after = sum(n for (g, _, op, _), n in sampler._errors.items() if g == "0")
+        if after > before:
+            attempts.append(second)
+    gaps = [b - a for a, b in itertools.pairwise(attempts)]
+    assert gaps[:6] == [1, 2, 4, 8, 16, 32]
+    assert max(gaps) == BACKOFF_MAX
+
+
+def test_a_hung_call_misses_the_deadline_without_stalling_the_others(sims, samplers) -> None:
+    sim = sims("4xH100-SXM", static=True)
+    sampler = samplers(sim, timeout=0.2)
+    sampler.sweep()
+    threads_before = threading.active_count()
+    hang = sim.faults.add("hang:2:nvmlDeviceGetPowerUsage")
+    snaps = [sampler.sweep() for _ in range(5)]
+    assert all(up(s) == [True, True, False, True] for s in snaps)
+    assert snaps[0].gpus[2].down_reason == "nvmlDeviceGetPowerUsage exceeded its deadline"
+    uuid = snaps[0].gpus[2].info.uuid
+    assert snaps[-1].errors[("2", uuid, "nvmlDeviceGetPowerUsage", "deadline_exceeded")] == 1  # once per hang
+    assert threading.active_count() == threads_before, "threads piled up behind the hung call"
+    assert all(g.reading.timestamp > snaps[0].timestamp - 5 for g in snaps[-1].gpus if g.up)
+
+    sim.faults.remove(hang)
+    deadline = time.monotonic() + 5
+    while up(sampler.sweep()) != [True] * 4:
+        assert time.monotonic() < deadline, "the GPU did not come back after its call returned"
+
+
+def test_transient_errors_are_counted_by_op_and_kind(sims, samplers) -> None:
+    sim = sims("2xH100-SXM", static=True)
+    sim.faults.add("error:0:nvmlDeviceGetTemperature=Timeout")
+    sampler = samplers(sim)
+    for _ in range(3):
+        snap = sampler.sweep()
+    uuid = snap.gpus[0].info.uuid
+    assert snap.errors == {("0", uuid, "nvmlDeviceGetTemperature", "Timeout"): 3}
+    assert up(snap) == [True, True]
+    assert snap.gpus[0].reading.temperature_celsius is None
+    assert snap.gpus[0].capabilities["temperature"] == "error"
+
+
+def test_a_backend_bug_is_contained_to_its_gpu(sims, samplers) -> None:
+    sim = sims("2xH100-SXM", static=True)
+    sampler = samplers(sim)
+    original = sampler.backend.read
+
+    def buggy(dev, deadline):
+        if dev.info.index == 1:
+            raise ZeroDivisionError("bug")
+        return original(dev, deadline)
+
+    sampler.backend.read = buggy  # type: ignore[method-assign]
+    snap = sampler.sweep()
+    assert up(snap) == [True, False]
+    assert snap.errors[("1", snap.gpus[1].info.uuid, "read", "exception")] == 1
+
+
+def test_a_gpu_missing_at_start_is_found_by_rediscovery(sims, samplers, clock) -> None:
+    sim = sims("2xH100-SXM", static=True)
+    lost = sim.faults.add("lost:1")
+    sampler = samplers(sim, clock=clock)
+    assert len(sampler.sweep().gpus) == 1
+    sim.faults.remove(lost)
+    clock.advance(31)
+    sampler.sweep()  # starts discovery off the sampling thread
+    sampler._discovering.join(5)
+    snap = sampler.sweep()
+    assert [g.info.index for g in snap.gpus] == [0, 1] and up(snap) == [True, True]
+
+
+def test_background_loop_publishes_and_stops_cleanly(sims) -> None:
+    from gpumon.gpu.nvml import NvmlBackend
+    from gpumon.gpu.sampler import Sampler
+
+    sampler = Sampler(NvmlBackend(sims("2xH100-SXM")), interval=0.05)
+    before = threading.active_count()
+    sampler.start()
+    deadline = time.monotonic() + 5
+    while (sampler.snapshot is None or sampler.snapshot.sweep < 3) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert sampler.snapshot.sweep >= 3 and sampler.alive()
+    sampler.stop()
+    assert not sampler.alive()
+    time.sleep(0.1)
+    assert threading.active_count() == before
+
+
+@pytest.mark.parametrize(("interval", "timeout"), [(0, None), (1.0, 2.0), (1.0, 0.0)])
+def test_bad_timing_is_rejected(sims, interval, timeout) -> None:
+    from gpumon.gpu.nvml import NvmlBackend
+    from gpumon.gpu.sampler import Sampler
+
+    with pytest.raises(ValueError):
+        Sampler(NvmlBackend(sims()), interval=interval, timeout=timeout)
