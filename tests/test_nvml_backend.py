@@ -132,10 +132,9 @@ def test_a_field_that_fails_is_counted_without_losing_the_others(sims) -> None:
     backend, (dev,) = opened(sim)
     original = sim._field
 
-    def flaky(gpu, v):
-        original(gpu, v)
-        if v.fieldId == 82:
-            v.nvmlReturn = pynvml.NVML_ERROR_UNKNOWN
+    def flaky(gpu, fid, scope):
+        ret, vtype, value = original(gpu, fid, scope)
+        return (pynvml.NVML_ERROR_UNKNOWN, vtype, 0) if fid == 82 else (ret, vtype, value)
 
     sim._field = flaky  # type: ignore[method-assign]
     result = backend.read(dev, FAR)
@@ -210,10 +209,10 @@ def test_nvlink_total_is_summed_from_links_when_the_all_links_scope_is_missing(s
     set_state(sim)
     original = sim._field
 
-    def no_all_links(gpu, v):
-        original(gpu, v)
-        if v.scopeId == 0xFFFFFFFF:
-            v.nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
+    def no_all_links(gpu, fid, scope):
+        if scope == 0xFFFFFFFF:
+            return pynvml.NVML_ERROR_NOT_SUPPORTED, 3, 0
+        return original(gpu, fid, scope)
 
     sim._field = no_all_links  # type: ignore[method-assign]
     backend, (dev,) = opened(sim)

@@ -18,6 +18,7 @@ from typing import Any
 
 import pynvml
 
+from gpumon.gpu import fields as nvml_fields
 from gpumon.gpu.backend import Device
 from gpumon.gpu.sim.nvml import is_simulated
 from gpumon.gpu.types import (
@@ -140,23 +141,6 @@ class _Calls:
             )
 
 
-def _field_value(v: Any) -> float:
-    t = v.valueType
-    if t == pynvml.NVML_VALUE_TYPE_DOUBLE:
-        return v.value.dVal
-    if t == pynvml.NVML_VALUE_TYPE_UNSIGNED_INT:
-        return v.value.uiVal
-    if t == pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG:
-        return v.value.ulVal
-    if t == pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG:
-        return v.value.sllVal
-    if t == pynvml.NVML_VALUE_TYPE_SIGNED_INT:
-        return v.value.siVal
-    if t == pynvml.NVML_VALUE_TYPE_UNSIGNED_SHORT:
-        return v.value.usVal
-    return v.value.ullVal
-
-
 def _scaled(value: float | None, factor: float) -> float | None:
     return None if value is None else value * factor
 
@@ -249,10 +233,11 @@ class NvmlBackend:
                 return None
 
         pci = nv.nvmlDeviceGetPciInfo(handle)
-        fields = optional("nvmlDeviceGetFieldValues", [FI_NVLINK_COUNT])
+        raw = optional("nvmlDeviceGetFieldValues", [FI_NVLINK_COUNT])
         links = 0
-        if fields is not None and fields[0].nvmlReturn == pynvml.NVML_SUCCESS:
-            links = int(_field_value(fields[0]))
+        if raw is not None:
+            _, value = nvml_fields.decode(raw)[0]
+            links = int(value) if value is not None else 0
         persistence = optional("nvmlDeviceGetPersistenceMode")
         return GpuInfo(
             index=index,
@@ -440,18 +425,16 @@ class NvmlBackend:
             return {}
         raw = c.call("field_values", "nvmlDeviceGetFieldValues", dev.handle, [(fid, s) for _, fid, s in plan])
         if raw is None:
-            if (
-                dev.support.get("field_values") in _SKIP
-            ):  # no field API at all: every field quantity is absent
+            if dev.support.get("field_values") in _SKIP:
+                # no field API at all: every field quantity is absent
                 for quantity, _, _ in plan:
                     c.absent(quantity, "nvmlDeviceGetFieldValues", Support.NOT_SUPPORTED)
             return {}
         out: dict[tuple[int, int], float] = {}
         unsupported_links = 0
-        for (quantity, fid, scope), v in zip(plan, raw, strict=True):
-            ret = v.nvmlReturn
+        for (quantity, fid, scope), (ret, value) in zip(plan, nvml_fields.decode(raw), strict=True):
             if ret == pynvml.NVML_SUCCESS:
-                out[(fid, scope)] = _field_value(v)
+                out[(fid, scope)] = value
                 if dev.support.get(quantity) is not Support.SUPPORTED:
                     dev.set_support(quantity, Support.SUPPORTED)
             elif ret in (pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_NO_PERMISSION):

@@ -17,6 +17,7 @@ from typing import Any
 
 import pynvml
 
+from gpumon.gpu import fields
 from gpumon.gpu.sim.catalog import MiB, SimModel, parse_spec
 from gpumon.gpu.sim.dynamics import DeviceState, NodeWorkload, TrainingDynamics, _mix
 from gpumon.gpu.sim.faults import Faults
@@ -43,6 +44,8 @@ _MODEL_GAPS: dict[str | int, Callable[[SimModel], bool]] = {
     139: lambda m: m.nvlinks == 0,
 }
 _FIELDS_KNOWN = {82, 91, 197, 198, 74, 76, 269, 270, 271, 138, 139}
+_UINT = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT
+_ULL = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
 
 
 class StaticDynamics:
@@ -338,42 +341,30 @@ class SimNvml:
         gpu = self._gpu(handle, "nvmlDeviceGetFieldValues")
         values = (pynvml.c_nvmlFieldValue_t * len(fieldIds))()
         stamp = int(time.time() * 1e6)
-        for i, fid in enumerate(fieldIds):
-            v = values[i]
-            try:
-                v.fieldId, v.scopeId = fid
-            except TypeError:
-                v.fieldId = fid
-            v.timestamp = stamp
-            v.latencyUsec = 3
-            self._field(gpu, v)
+        for i, (fid, scope) in enumerate(fields.request(fieldIds)):
+            ret, value_type, value = self._field(gpu, fid, scope)
+            fields.encode(values, i, fid, scope, stamp, 3, value_type, ret, value)
         return values
 
-    def _field(self, gpu: SimGpu, v: Any) -> None:
-        fid, scope, s, m = v.fieldId, v.scopeId, gpu.state, gpu.model
+    def _field(self, gpu: SimGpu, fid: int, scope: int) -> tuple[int, int, float]:
+        """(nvmlReturn, valueType, value) of one field, in NVML's units."""
+        s, m = gpu.state, gpu.model
         if fid not in _FIELDS_KNOWN or fid in gpu.unsupported:
-            v.nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
-            return
-        v.nvmlReturn = pynvml.NVML_SUCCESS
+            return pynvml.NVML_ERROR_NOT_SUPPORTED, _ULL, 0
         if fid == 82:
-            v.valueType, v.value.uiVal = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT, int(s.mem_temp_c)
-        elif fid == 91:
-            v.valueType, v.value.uiVal = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT, m.nvlinks
-        elif fid in (197, 198):
-            total = s.pcie_tx_bytes if fid == 197 else s.pcie_rx_bytes
-            v.valueType, v.value.ullVal = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG, int(total)
-        elif fid in (138, 139):
+            return pynvml.NVML_SUCCESS, _UINT, int(s.mem_temp_c)
+        if fid == 91:
+            return pynvml.NVML_SUCCESS, _UINT, m.nvlinks
+        if fid in (197, 198):
+            return pynvml.NVML_SUCCESS, _ULL, int(s.pcie_tx_bytes if fid == 197 else s.pcie_rx_bytes)
+        if fid in (138, 139):
             per_link = s.nvlink_tx if fid == 138 else s.nvlink_rx
             if scope == UINT_MAX:
-                total = sum(per_link)
-            elif scope < m.nvlinks:
-                total = per_link[scope]
-            else:
-                v.nvmlReturn = pynvml.NVML_ERROR_INVALID_ARGUMENT
-                return
-            v.valueType, v.value.ullVal = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG, int(total) // 1024
-        else:  # cumulative throttle time, ns
-            v.valueType, v.value.ullVal = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG, s.throttle_ns[fid]
+                return pynvml.NVML_SUCCESS, _ULL, int(sum(per_link)) // 1024
+            if scope < m.nvlinks:
+                return pynvml.NVML_SUCCESS, _ULL, int(per_link[scope]) // 1024
+            return pynvml.NVML_ERROR_INVALID_ARGUMENT, _ULL, 0
+        return pynvml.NVML_SUCCESS, _ULL, s.throttle_ns[fid]  # cumulative throttle time, ns
 
 
 def is_simulated(nvml: Any) -> bool:
