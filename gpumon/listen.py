@@ -28,8 +28,10 @@ def bind(listen: str) -> socket.socket:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except socket.gaierror as exc:
         raise ListenError(f"cannot listen on {listen}: {exc.strerror}") from None
-    family, _, _, _, addr = infos[0]
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    family, kind, proto, _, addr = infos[0]
+    # proto must be IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY only on such sockets, and without it every
+    # small response waits ~40 ms for a delayed ACK (Nagle)
+    sock = socket.socket(family, kind, proto)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind(addr)

@@ -12,10 +12,11 @@ from prometheus_client import CollectorRegistry, ProcessCollector
 from prometheus_client.exposition import choose_encoder
 
 from gpumon import __version__
+from gpumon.exposition import Renderer
 from gpumon.gpu.collector import SnapshotCollector
 from gpumon.gpu.snapshot import Snapshot, snapshot_json
 
-GZIP_LEVEL = 6  # level 9 costs several times the CPU for a few percent on exposition text
+GZIP_LEVEL = 1  # exposition text compresses ~10x even at level 1; higher levels cost CPU for a few percent
 
 
 def build_registry(source: Callable[[], Snapshot | None]) -> CollectorRegistry:
@@ -34,11 +35,17 @@ def create_app(
     registry = build_registry(source)
     app = FastAPI(title="gpumon", version=__version__, docs_url=None, redoc_url=None)
 
+    renderer = Renderer()
+
     @app.get("/metrics", summary="Prometheus exposition (text 0.0.4 or OpenMetrics by Accept; gzip)")
     def metrics(request: Request) -> Response:
-        encoder, content_type = choose_encoder(request.headers.get("accept", ""))
+        # prometheus_client negotiates the format; our renderer writes the same bytes its encoder would
+        _, content_type = choose_encoder(request.headers.get("accept", ""))
         names = request.query_params.getlist("name[]")
-        body = encoder(registry.restricted_registry(names) if names else registry)
+        families = (registry.restricted_registry(names) if names else registry).collect()
+        body = renderer.render(
+            families, openmetrics_format=content_type.startswith("application/openmetrics")
+        )
         headers = {"Content-Type": content_type}
         if "gzip" in request.headers.get("accept-encoding", ""):
             body = gzip.compress(body, compresslevel=GZIP_LEVEL)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import signal
+import sys
 
 from gpumon import __version__
 from gpumon.cli.common import open_sampler
@@ -28,6 +29,9 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
 
     from gpumon.server import create_app
 
+    # The event loop shares the GIL with the sampler's threads; with the default 5 ms switch interval a sweep
+    # can hold a scrape back for several slices. 1 ms roughly halves /metrics p99 (docs/performance.md).
+    sys.setswitchinterval(0.001)
     sock = bind(settings.listen)  # first: a busy port should fail before NVML takes seconds to start
     sampler = open_sampler(settings, "serve")
     backend = sampler.backend.name
