@@ -4,6 +4,8 @@ NOT_SUPPORTED, fallbacks, transient errors and lost GPUs."""
 from __future__ import annotations
 
 import logging
+import subprocess
+import sys
 import threading
 import time
 
@@ -199,9 +201,27 @@ def test_pcie_fallback_past_the_deadline_is_a_timeout_not_a_stall(sims) -> None:
     result = backend.read(dev, time.monotonic() + 0.2)
     assert result.reading.power_watts is not None
     assert ("nvmlDeviceGetPcieThroughput", "Timeout") in [(e.op, e.kind) for e in result.errors]
+    stuck = dev.pcie_pending
     result = backend.read(dev, time.monotonic() + 0.2)  # still stuck: no second pair is started
-    assert dev.pcie_pool is not None and dev.pcie_pool._work_queue.qsize() == 0
+    assert dev.pcie_pending is stuck
+    assert ("nvmlDeviceGetPcieThroughput", "Timeout") in [(e.op, e.kind) for e in result.errors]
     sim.faults.remove(hang)
+
+
+def test_a_pcie_call_hung_in_the_driver_does_not_block_exit() -> None:
+    script = """
+import time
+from gpumon.gpu.nvml import NvmlBackend
+from gpumon.gpu.sim import SimNvml
+sim = SimNvml("1xA100", static=True)
+backend = NvmlBackend(sim)
+(dev,) = backend.open()
+sim.faults.add("hang:0:nvmlDeviceGetPcieThroughput")
+backend.read(dev, time.monotonic() + 0.2)
+backend.close()
+"""
+    done = subprocess.run([sys.executable, "-c", script], timeout=30, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
 
 
 def test_nvlink_total_is_summed_from_links_when_the_all_links_scope_is_missing(sims) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
+import queue
 import threading
 import time
 from collections.abc import Callable
@@ -75,6 +76,38 @@ def error_kind(exc: BaseException) -> str:
     return "exception"
 
 
+class _DaemonPool:
+    """A few daemon threads running calls for one GPU.
+
+    concurrent.futures.ThreadPoolExecutor joins its threads at interpreter exit, so one PCIe call hung in
+    the driver would keep the daemon from exiting on SIGTERM; daemon threads do not.
+    """
+
+    def __init__(self, name: str, size: int) -> None:
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        for i in range(size):
+            threading.Thread(target=self._run, name=f"{name}-{i}", daemon=True).start()
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> concurrent.futures.Future:
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        self._queue.put((future, fn, args))
+        return future
+
+    def _run(self) -> None:
+        while True:
+            future, fn, args = self._queue.get()
+            if future is None:
+                return
+            try:
+                future.set_result(fn(*args))
+            except BaseException as exc:  # handed to the reader, which classifies it
+                future.set_exception(exc)
+
+    def shutdown(self, size: int) -> None:
+        for _ in range(size):  # idle threads exit; one stuck in the driver ends with the process
+            self._queue.put((None, None, None))
+
+
 class NvmlDevice(Device):
     def __init__(self, info: GpuInfo, handle: Any) -> None:
         super().__init__(info)
@@ -83,7 +116,7 @@ class NvmlDevice(Device):
         self.link_states: list[bool | None] = [None] * info.nvlink_count
         self.fields: list[tuple[str, int, int]] = []
         self.fields_version = -1
-        self.pcie_pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self.pcie_pool: _DaemonPool | None = None
         self.pcie_pending: tuple[concurrent.futures.Future, concurrent.futures.Future] | None = None
 
 
@@ -155,6 +188,7 @@ class NvmlBackend:
         self._lock = threading.Lock()
         self._initialized = False
         self.device_count = 0
+        self._devices: list[NvmlDevice] = []
 
     # -- lifecycle ---------------------------------------------------------------------------------------
     def open(self) -> list[NvmlDevice]:
@@ -173,6 +207,10 @@ class NvmlBackend:
         self._initialized = True
 
     def close(self) -> None:
+        for dev in self._devices:
+            if dev.pcie_pool is not None:
+                dev.pcie_pool.shutdown(2)
+                dev.pcie_pool = None
         with self._lock:
             if self._initialized:
                 self._initialized = False
@@ -215,6 +253,7 @@ class NvmlBackend:
                 # learn which fields exist now, so the first read already takes every fallback it needs
                 self._fields(_Calls(self.nv, dev))
                 found.append(dev)
+                self._devices.append(dev)
             except (pynvml.NVMLError, DeviceDown) as exc:
                 failed += 1
                 log.warning("GPU %d could not be identified (%s); will retry", index, exc)
@@ -433,7 +472,7 @@ class NvmlBackend:
         out: dict[tuple[int, int], float] = {}
         unsupported_links = 0
         for (quantity, fid, scope), (ret, value) in zip(plan, nvml_fields.decode(raw), strict=True):
-            if ret == pynvml.NVML_SUCCESS:
+            if ret == pynvml.NVML_SUCCESS and value is not None:
                 out[(fid, scope)] = value
                 if dev.support.get(quantity) is not Support.SUPPORTED:
                     dev.set_support(quantity, Support.SUPPORTED)
@@ -484,7 +523,7 @@ class NvmlBackend:
                 return None
             dev.pcie_pending = None
         if dev.pcie_pool is None:
-            dev.pcie_pool = concurrent.futures.ThreadPoolExecutor(2, f"gpumon-pcie-{dev.info.index}")
+            dev.pcie_pool = _DaemonPool(f"gpumon-pcie-{dev.info.index}", 2)
         fn: Callable[..., int] = self.nv.nvmlDeviceGetPcieThroughput
         # tx and rx each sample a 20 ms window: run them side by side, and beside this GPU's other calls
         pair = (
