@@ -26,11 +26,12 @@ def test_readme_run_command_installs_and_serves() -> None:
     assert "pip install ." in run_command and "gpumon serve --simulate-if-no-gpu 8xH100-SXM" in run_command
 
 
-def test_ruff_is_clean() -> None:
-    ruff = shutil.which("ruff")
-    if ruff is None:
+@pytest.mark.parametrize("tool", [["ruff", "check", "."], ["mypy"]], ids=["ruff", "mypy"])
+def test_lint_and_types_are_clean(tool: list[str]) -> None:
+    exe = shutil.which(tool[0])
+    if exe is None:
         if IN_CI:
-            pytest.fail("ruff is part of the test extra and must be installed in CI")
-        pytest.skip("ruff not installed")
-    result = subprocess.run([ruff, "check", "."], cwd=ROOT, capture_output=True, text=True)
+            pytest.fail(f"{tool[0]} is part of the test extra and must be installed in CI")
+        pytest.skip(f"{tool[0]} not installed")
+    result = subprocess.run([exe, *tool[1:]], cwd=ROOT, capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr

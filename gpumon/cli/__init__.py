@@ -34,10 +34,12 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
-    parser = _Parser(prog="gpumon", description="GPU monitoring daemon and Prometheus exporter.")
+    parser: argparse.ArgumentParser = _Parser(
+        prog="gpumon", description="GPU monitoring daemon and Prometheus exporter."
+    )
     parser.add_argument("--version", action="version", version=f"gpumon {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    commands = {}
+    commands: dict[str, argparse.ArgumentParser] = {}
     for name, (module, help_) in COMMANDS.items():
         p = sub.add_parser(name, help=help_, description=help_)
         module.add_arguments(p)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from gpumon.gpu.types import DriverInfo, GpuInfo, ReadResult, Support
@@ -46,11 +46,11 @@ class Backend(Protocol):
     name: str  # "nvml" or "sim": shown in gpumon_build_info so simulated numbers are never silent
     device_count: int  # GPUs the driver reports at the last discovery, identified or not
 
-    def open(self) -> list[Device]:
+    def open(self) -> Sequence[Device]:
         """Start the library and identify every GPU that answers. Raises BackendUnavailable."""
         ...
 
-    def discover(self, known_uuids: set[str]) -> tuple[list[Device], int]:
+    def discover(self, known_uuids: set[str]) -> tuple[Sequence[Device], int]:
         """GPUs not in ``known_uuids`` that can be identified now, and how many could not be."""
         ...
 

@@ -19,15 +19,16 @@ from gpumon import metrics as M
 from gpumon.gpu.snapshot import GpuStatus, Snapshot
 from gpumon.gpu.types import THROTTLE_REASONS
 
+Family = GaugeMetricFamily | CounterMetricFamily
 _ECC_TYPES = ("corrected", "uncorrected")
 
 
-def _family(m: M.Metric) -> Metric:
+def _family(m: M.Metric) -> Family:
     cls = CounterMetricFamily if m.type == "counter" else GaugeMetricFamily
     return cls(m.name, m.help, labels=m.labels)
 
 
-def _add_gpu(f: dict[str, Metric], st: GpuStatus) -> None:
+def _add_gpu(f: dict[str, Family], st: GpuStatus) -> None:
     info = st.info
     gl = [str(info.index), info.uuid]
     f[M.GPU_INFO.name].add_metric(
@@ -90,7 +91,7 @@ def _add_gpu(f: dict[str, Metric], st: GpuStatus) -> None:
 
 
 def build_families(snap: Snapshot) -> list[Metric]:
-    f = {m.name: _family(m) for m in M.REGISTRY}
+    f: dict[str, Family] = {m.name: _family(m) for m in M.REGISTRY}
     f[M.BUILD_INFO.name].add_metric([__version__, platform.python_version(), snap.backend], 1)
     d = snap.driver
     f[M.DRIVER_INFO.name].add_metric([d.driver_version, d.cuda_driver_version, d.nvml_version], 1)

@@ -55,7 +55,7 @@ def _by_state(caps: dict[str, str], state: Support) -> list[str]:
 
 
 def diagnose(snap: Snapshot, *, check_devices: bool = True) -> Report:
-    gpus = []
+    gpus: list[dict[str, Any]] = []
     for st in snap.gpus:
         gpus.append(
             {

@@ -12,12 +12,12 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 
 from gpumon.gpu.backend import Backend, Device
 from gpumon.gpu.snapshot import CollectorStatus, ErrorKey, GpuStatus, Snapshot
-from gpumon.gpu.types import DeviceDown, ReadResult
+from gpumon.gpu.types import DeviceDown, DriverInfo, ReadResult
 from gpumon.host import HostReading, HostSampler
 
 log = logging.getLogger("gpumon.sampler")
@@ -123,7 +123,7 @@ class Sampler:
         self._unidentified = 0
         self._next_discovery = 0.0
         self._discovering: threading.Thread | None = None
-        self._driver = None
+        self._driver: DriverInfo | None = None
         self._snapshot: Snapshot | None = None
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
@@ -185,7 +185,7 @@ class Sampler:
             self._stop.wait(next_at - now)
 
     # -- GPUs ------------------------------------------------------------------------------------------
-    def _add(self, devices: list[Device]) -> None:
+    def _add(self, devices: Sequence[Device]) -> None:
         for dev in devices:
             self._health[dev.info.uuid] = _GpuHealth()  # before the worker is visible to a sweep
         added = [_Worker(dev, self.backend, self._done) for dev in devices]
@@ -213,6 +213,9 @@ class Sampler:
 
     # -- one sweep -------------------------------------------------------------------------------------
     def sweep(self) -> Snapshot:
+        if self._driver is None:
+            raise RuntimeError("Sampler.open() must succeed before sweeping")
+        driver = self._driver
         started = time.monotonic()
         deadline = started + self.timeout
         now = self.clock()
@@ -245,7 +248,7 @@ class Sampler:
             sweep=seq,
             interval_seconds=self.interval,
             backend=self.backend.name,
-            driver=self._driver,
+            driver=driver,
             device_count=max(self.backend.device_count, len(workers)),
             gpus=statuses,
             host=host,
