@@ -326,3 +326,40 @@ def test_reads_from_many_threads_are_safe(sims) -> None:
     for t in threads:
         t.join()
     assert len(results) == 8 and all(r.errors == () for r in results)
+
+
+def test_a_transient_error_on_the_all_links_field_leaves_the_total_absent_not_lower(sims) -> None:
+    sim = sims("1xH100-SXM", static=True)
+    set_state(sim)
+    backend, (dev,) = opened(sim)
+    original = sim._field
+    fail = [False]
+
+    def flaky(gpu, fid, scope):
+        if fail[0] and scope == 0xFFFFFFFF:
+            return pynvml.NVML_ERROR_UNKNOWN, 3, 0
+        return original(gpu, fid, scope)
+
+    sim._field = flaky  # type: ignore[method-assign]
+    totals = []
+    for failing in (False, True, False):
+        fail[0] = failing
+        totals.append(backend.read(dev, FAR).reading.nvlink_transmit_bytes)
+    assert totals[0] == totals[2] and totals[1] is None  # absent for one sample: never a backwards jump
+    assert dev.capabilities()["nvlink"] == "supported"
+
+
+def test_one_inactive_link_without_state_leaves_the_other_links_reported(sims) -> None:
+    sim = sims("1xH100-SXM", static=True)
+    original = sim.nvmlDeviceGetNvLinkState
+
+    def partial(device, link):
+        if link == 7:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return original(device, link)
+
+    sim.nvmlDeviceGetNvLinkState = partial  # type: ignore[method-assign]
+    backend, (dev,) = opened(sim)
+    links = backend.read(dev, FAR).reading.nvlinks
+    assert links[7].up is None and links[6].up is True and links[8].up is True
+    assert dev.capabilities()["nvlink_state"] == "supported"

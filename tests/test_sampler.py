@@ -162,3 +162,24 @@ def test_bad_timing_is_rejected(sims, interval, timeout) -> None:
 
     with pytest.raises(ValueError):
         Sampler(NvmlBackend(sims()), interval=interval, timeout=timeout)
+
+
+def test_a_reopen_hung_in_the_driver_keeps_neither_other_gpus_nor_shutdown_waiting(
+    sims, samplers, clock
+) -> None:
+    sim = sims("3xH100-SXM", static=True)
+    sampler = samplers(sim, timeout=0.2, clock=clock)
+    sampler.sweep()
+    lost = [sim.faults.add("lost:0"), sim.faults.add("lost:1")]
+    assert up(sampler.sweep()) == [False, False, True]
+    sim.faults.add("hang:0:nvmlDeviceGetHandleByUUID")  # GPU 0 fell off the bus: re-acquiring it hangs
+    for fault in lost:
+        sim.faults.remove(fault)
+    clock.advance(1.5)
+    snap = sampler.sweep()
+    assert up(snap) == [False, True, True], "GPU 1 stayed down behind GPU 0's hung reopen"
+    assert snap.gpus[0].down_reason == "nvmlDeviceGetHandleByUUID exceeded its deadline"
+    stopper = threading.Thread(target=sampler.stop, daemon=True)
+    stopper.start()
+    stopper.join(10)
+    assert not stopper.is_alive(), "stop() waited on the hung call"

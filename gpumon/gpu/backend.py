@@ -39,7 +39,8 @@ class Device:
         self.current_op = None
 
     def capabilities(self) -> Mapping[str, str]:
-        return {q: s.value for q, s in sorted(self.support.items())}
+        support = dict(self.support)  # one C-level copy: safe while the GPU's worker updates it
+        return {q: s.value for q, s in sorted(support.items())}
 
 
 class Backend(Protocol):

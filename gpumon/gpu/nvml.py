@@ -174,6 +174,16 @@ class _Calls:
             )
 
 
+def _total(values: list[float | None]) -> float | None:
+    """The sum, or None if any part is missing: a partial sum would make a counter jump back."""
+    total = 0.0
+    for v in values:
+        if v is None:
+            return None
+        total += v
+    return total
+
+
 def _scaled(value: float | None, factor: float) -> float | None:
     return None if value is None else value * factor
 
@@ -206,18 +216,29 @@ class NvmlBackend:
             raise BackendUnavailable(f"NVML could not start: {exc}") from exc
         self._initialized = True
 
+    def _reinit(self) -> None:
+        with self._lock:
+            self.nv.nvmlInit()  # NVML counts initialisations: an extra one is harmless
+            self._initialized = True
+
     def close(self) -> None:
         for dev in self._devices:
             if dev.pcie_pool is not None:
                 dev.pcie_pool.shutdown(2)
                 dev.pcie_pool = None
-        with self._lock:
+        # a re-initialisation hung in the driver holds the lock: exit without nvmlShutdown rather than hang
+        if not self._lock.acquire(timeout=2.0):
+            log.warning("NVML is stuck in a call; exiting without nvmlShutdown")
+            return
+        try:
             if self._initialized:
                 self._initialized = False
                 try:
                     self.nv.nvmlShutdown()
                 except pynvml.NVMLError as exc:
                     log.debug("nvmlShutdown: %s", exc)
+        finally:
+            self._lock.release()
 
     def driver_info(self) -> DriverInfo:
         def text(op: str) -> str:
@@ -259,19 +280,26 @@ class NvmlBackend:
                 log.warning("GPU %d could not be identified (%s); will retry", index, exc)
         return found, failed
 
-    def _identify(self, index: int, uuid: str, handle: Any) -> GpuInfo:
-        """Static facts. Name and bus id are required; the rest may be absent on some boards."""
+    def _identify(self, index: int, uuid: str, handle: Any, track: Device | None = None) -> GpuInfo:
+        """Static facts. Name and bus id are required; the rest may be absent on some boards.
+
+        With ``track``, each call is recorded on that device, so a call that hangs can be named."""
         nv = self.nv
+
+        def required(op: str, *args: Any) -> Any:
+            if track is not None:
+                track.begin(op)
+            return getattr(nv, op)(handle, *args)
 
         def optional(op: str, *args: Any) -> Any:
             try:
-                return getattr(nv, op)(handle, *args)
+                return required(op, *args)
             except (pynvml.NVMLError, AttributeError) as exc:
                 if error_kind(exc) in _DOWN_ERRORS:
                     raise
                 return None
 
-        pci = nv.nvmlDeviceGetPciInfo(handle)
+        pci = required("nvmlDeviceGetPciInfo")
         raw = optional("nvmlDeviceGetFieldValues", [FI_NVLINK_COUNT])
         links = 0
         if raw is not None:
@@ -281,7 +309,7 @@ class NvmlBackend:
         return GpuInfo(
             index=index,
             uuid=uuid,
-            name=str(nv.nvmlDeviceGetName(handle)),
+            name=str(required("nvmlDeviceGetName")),
             pci_bus_id=str(pci.busId),
             serial=optional("nvmlDeviceGetSerial"),
             board_part_number=optional("nvmlDeviceGetBoardPartNumber"),
@@ -296,19 +324,24 @@ class NvmlBackend:
 
     def reopen(self, device: Device) -> None:
         assert isinstance(device, NvmlDevice)
-        with self._lock:
+        # No lock here: these calls may hang on a GPU that fell off the bus, and must not stop other GPUs
+        # from recovering (or the daemon from shutting down). Only re-initialising NVML is serialised.
+        uuid = device.info.uuid
+        try:
             try:
-                try:
-                    handle = self.nv.nvmlDeviceGetHandleByUUID(device.info.uuid)
-                except pynvml.NVMLError_Uninitialized:
-                    # the driver was reloaded under us: NVML needs initialising again
-                    self.nv.nvmlInit()
-                    self._initialized = True
-                    handle = self.nv.nvmlDeviceGetHandleByUUID(device.info.uuid)
-                index = self.nv.nvmlDeviceGetIndex(handle)
-                info = self._identify(index, device.info.uuid, handle)
-            except (pynvml.NVMLError, OSError) as exc:
-                raise DeviceDown("reopen", error_kind(exc), str(exc)) from exc
+                device.begin("nvmlDeviceGetHandleByUUID")
+                handle = self.nv.nvmlDeviceGetHandleByUUID(uuid)
+            except pynvml.NVMLError_Uninitialized:
+                self._reinit()  # the driver was reloaded under us
+                device.begin("nvmlDeviceGetHandleByUUID")
+                handle = self.nv.nvmlDeviceGetHandleByUUID(uuid)
+            device.begin("nvmlDeviceGetIndex")
+            index = self.nv.nvmlDeviceGetIndex(handle)
+            info = self._identify(index, uuid, handle, track=device)
+        except (pynvml.NVMLError, OSError) as exc:
+            raise DeviceDown(device.current_op or "reopen", error_kind(exc), str(exc)) from exc
+        finally:
+            device.end()
         # capabilities are kept: a GPU that comes back after a reset supports what it did before
         device.handle = handle
         device.info = info
@@ -356,13 +389,7 @@ class NvmlBackend:
             raise DeviceDown(first.op, first.kind, "no quantity could be read")
 
         links = self._nvlinks(dev, fields)
-        nvl_tx = fields.get((FI_NVLINK_TX, UINT_MAX))
-        nvl_rx = fields.get((FI_NVLINK_RX, UINT_MAX))
-        if nvl_tx is None and links and all(ln.transmit_bytes is not None for ln in links):
-            nvl_tx = sum(ln.transmit_bytes or 0.0 for ln in links)
-            nvl_rx = sum(ln.receive_bytes or 0.0 for ln in links)
-        else:
-            nvl_tx, nvl_rx = _scaled(nvl_tx, KIB), _scaled(nvl_rx, KIB)
+        nvl_tx, nvl_rx = self._nvlink_totals(dev, fields, links)
         reading = GpuReading(
             timestamp=time.time(),
             duration_seconds=time.perf_counter() - started,
@@ -494,13 +521,47 @@ class NvmlBackend:
             c.absent("nvlink_links", "nvmlDeviceGetFieldValues[138]", Support.NOT_SUPPORTED)
         return out
 
+    @staticmethod
+    def _nvlink_totals(
+        dev: NvmlDevice, fields: dict[tuple[int, int], float], links: tuple[NvlinkReading, ...]
+    ) -> tuple[float | None, float | None]:
+        """Bytes over all links. The source never changes for a GPU: the all-links field, or, only where NVML
+        lacks it, the sum of the links. Switching on a transient error would make the counter jump backwards
+        (each link is rounded to KiB on its own), which Prometheus reads as a reset."""
+        if dev.support.get("nvlink") not in _SKIP:
+            return (
+                _scaled(fields.get((FI_NVLINK_TX, UINT_MAX)), KIB),
+                _scaled(fields.get((FI_NVLINK_RX, UINT_MAX)), KIB),
+            )
+        if not links:
+            return None, None
+        return (_total([ln.transmit_bytes for ln in links]), _total([ln.receive_bytes for ln in links]))
+
     def _nvlink_states(self, c: _Calls) -> None:
+        """Link state is read per link: NOT_SUPPORTED on one (an inactive link) leaves the others reported."""
         dev = c.dev
+        if dev.support.get("nvlink_state") in _SKIP:
+            return
+        absent = 0
         for link in range(dev.info.nvlink_count):
-            state = c.call("nvlink_state", "nvmlDeviceGetNvLinkState", dev.handle, link)
-            if dev.support.get("nvlink_state") in _SKIP:
-                return
-            dev.link_states[link] = None if state is None else state == pynvml.NVML_FEATURE_ENABLED
+            dev.begin("nvmlDeviceGetNvLinkState")
+            try:
+                state = self.nv.nvmlDeviceGetNvLinkState(dev.handle, link)
+            except Exception as exc:  # classified below; none escapes
+                dev.link_states[link] = None
+                if error_kind(exc) in _ABSENT_ERRORS:
+                    absent += 1
+                else:
+                    c.failed("nvlink_state", "nvmlDeviceGetNvLinkState", exc)
+                continue
+            finally:
+                dev.end()
+            c.ok += 1
+            dev.link_states[link] = state == pynvml.NVML_FEATURE_ENABLED
+        if absent == dev.info.nvlink_count:
+            c.absent("nvlink_state", "nvmlDeviceGetNvLinkState", Support.NOT_SUPPORTED)
+        elif absent < dev.info.nvlink_count and dev.support.get("nvlink_state") is not Support.SUPPORTED:
+            dev.set_support("nvlink_state", Support.SUPPORTED)
 
     @staticmethod
     def _nvlinks(dev: NvmlDevice, fields: dict[tuple[int, int], float]) -> tuple[NvlinkReading, ...]:

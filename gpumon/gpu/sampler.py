@@ -281,6 +281,9 @@ class Sampler:
         if asked and w.result_seq == seq:
             duration = w.finished - w.started
             result = w.result
+            if health.hung_op is not None:  # whatever the answer, the GPU answers calls again
+                log.warning("GPU %d (%s): %s returned at last", info.index, info.uuid, health.hung_op)
+                health.hung_op = None
             if isinstance(result, ReadResult):
                 reading = result.reading
                 for err in result.errors:
@@ -293,16 +296,8 @@ class Sampler:
                         self.clock() - health.down_since,
                         health.down_reason,
                     )
-                if health.hung_op is not None:
-                    log.warning(
-                        "GPU %d (%s): %s returned at last; reporting again",
-                        info.index,
-                        info.uuid,
-                        health.hung_op,
-                    )
                 health.down_reason = None
                 health.backoff = 0.0
-                health.hung_op = None
                 health.last_success = reading.timestamp
             elif isinstance(result, DeviceDown):
                 self._mark_down(health, info.index, info.uuid, f"{result.kind} in {result.op}")
@@ -326,14 +321,14 @@ class Sampler:
                     self.timeout,
                 )
 
-        if dev.support_version != health.caps_version:
+        version = dev.support_version  # read first: a late worker may change support while we copy
+        if version != health.caps_version:
             health.caps = MappingProxyType(dict(dev.capabilities()))
-            health.caps_version = dev.support_version
+            health.caps_version = version
 
         if reading is None:
-            reason = health.down_reason or (
-                f"{health.hung_op} exceeded its deadline" if health.hung_op else None
-            )
+            # a call stuck right now says more than why the GPU went down before it
+            reason = f"{health.hung_op} exceeded its deadline" if health.hung_op else health.down_reason
             return GpuStatus(
                 info, False, None, duration, health.last_success, reason or "not sampled", health.caps
             )
