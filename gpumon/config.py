@@ -57,8 +57,8 @@ class Settings:
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m)?\s*$")
 
 
-def parse_duration(text: str | float | int, what: str) -> float:
-    if isinstance(text, bool):
+def parse_duration(text: object, what: str) -> float:
+    if isinstance(text, bool) or not isinstance(text, str | int | float):
         raise ConfigError(f"{what}: expected a duration such as 1s or 500ms, got {text!r}")
     if isinstance(text, int | float):
         seconds = float(text)
@@ -84,6 +84,8 @@ def load_file(path: str) -> dict[str, Any]:
         raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"config file {path} is not UTF-8 text") from None
     known = {f.name for f in fields(Settings)}
     unknown = sorted(set(data) - known)
     if unknown:
@@ -111,10 +113,18 @@ def resolve(flags: Mapping[str, Any], env: Mapping[str, str] | None = None) -> S
     return validate(raw)
 
 
+def _text(raw: Mapping[str, Any], key: str) -> str:
+    """A setting that must be a string (flags and environment always are; a TOML file may say otherwise)."""
+    value = raw[key]
+    if not isinstance(value, str):
+        raise ConfigError(f"{key}: expected a string, got {value!r}")
+    return value
+
+
 def validate(raw: Mapping[str, Any]) -> Settings:
     s = Settings()
     if "listen" in raw:
-        s.listen = str(raw["listen"])
+        s.listen = _text(raw, "listen")
         try:
             parse_listen(s.listen)
         except ListenError as exc:
@@ -126,12 +136,12 @@ def validate(raw: Mapping[str, Any]) -> Settings:
         if s.timeout > s.interval:
             raise ConfigError(f"timeout ({s.timeout:g}s) must not exceed the interval ({s.interval:g}s)")
     if "backend" in raw:
-        s.backend = str(raw["backend"]).lower()
+        s.backend = _text(raw, "backend").lower()
         if s.backend not in BACKENDS:
             raise ConfigError(f"backend: expected one of {', '.join(BACKENDS)}, got {raw['backend']!r}")
     for key in ("simulate", "simulate_if_no_gpu"):
         if raw.get(key):
-            spec = str(raw[key])
+            spec = _text(raw, key)
             try:
                 parse_spec(spec)
             except SpecError as exc:
@@ -142,13 +152,19 @@ def validate(raw: Mapping[str, Any]) -> Settings:
     if s.simulate_if_no_gpu and s.backend != "auto":
         raise ConfigError("--simulate-if-no-gpu only applies with --backend auto")
     if "seed" in raw:
-        try:
-            s.seed = int(raw["seed"])
-        except (TypeError, ValueError):
-            raise ConfigError(f"seed: expected an integer, got {raw['seed']!r}") from None
+        seed = raw["seed"]
+        if (
+            isinstance(seed, bool)
+            or not isinstance(seed, int | str)
+            or not str(seed).strip().lstrip("-").isdigit()
+        ):
+            raise ConfigError(f"seed: expected an integer, got {seed!r}")
+        s.seed = int(seed)
     faults = raw.get("sim_faults") or []
     if isinstance(faults, str):
         faults = [faults]
+    if not isinstance(faults, list) or not all(isinstance(f, str) for f in faults):
+        raise ConfigError(f"sim_faults: expected a list of fault strings, got {faults!r}")
     for spec in faults:
         try:
             Fault.parse(str(spec))
@@ -158,7 +174,7 @@ def validate(raw: Mapping[str, Any]) -> Settings:
     if s.sim_faults and not (s.simulated or s.simulate_if_no_gpu):
         raise ConfigError("--sim-fault needs simulated GPUs (--simulate SPEC)")
     if "log_level" in raw:
-        s.log_level = str(raw["log_level"]).lower()
+        s.log_level = _text(raw, "log_level").lower()
         if s.log_level not in LOG_LEVELS:
             raise ConfigError(f"log-level: expected one of {', '.join(LOG_LEVELS)}, got {raw['log_level']!r}")
     return s

@@ -156,3 +156,9 @@ def test_doctor_json() -> None:
     assert doc["simulated"] is True and doc["identified"] == 2
     assert doc["gpus"][0]["capabilities"]["memory_temperature"] == "not_supported"
     assert any("simulated" in a for a in doc["advice"])
+
+
+def test_a_config_file_with_wrong_types_is_one_line_not_a_traceback(tmp_path) -> None:
+    cfg = tmp_path / "gpumon.toml"
+    cfg.write_text("interval = [1]\n")
+    assert "interval: expected a duration" in one_line_error(run_gpumon("serve", "--config", str(cfg)))

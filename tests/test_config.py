@@ -92,3 +92,24 @@ def test_config_file_errors(tmp_path: Path) -> None:
     typed.write_text("interval = true\n")
     with pytest.raises(ConfigError, match="interval"):
         resolve(flags(config=str(typed)), env={})
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b"interval = [1]\n", "interval: expected a duration"),
+        (b"sim_faults = 5\nsimulate = '1xL4'\n", "sim_faults: expected a list"),
+        (b"seed = 1.5e400\n", "seed: expected an integer"),
+        (b"seed = 1.5\n", "seed: expected an integer"),
+        (b"listen = 9478\n", "listen: expected a string"),
+        (b"backend = true\n", "backend: expected a string"),
+        (b"log_level = {a = 1}\n", "log_level: expected a string"),
+        (b"simulate = 8\n", "simulate: expected a string"),
+        (b"interval = '\xff\xfe'\n", "not UTF-8 text"),
+    ],
+)
+def test_config_file_values_of_the_wrong_type_are_clear_errors(tmp_path: Path, content, message) -> None:
+    cfg = tmp_path / "gpumon.toml"
+    cfg.write_bytes(content)
+    with pytest.raises(ConfigError, match=message):
+        resolve(flags(config=str(cfg)), env={})

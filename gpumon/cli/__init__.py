@@ -72,17 +72,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     if extra:  # reported by the subcommand, so the hint points at its own --help
         commands[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
     prog = f"gpumon {args.command}"
+    module = COMMANDS[args.command][0]
     try:
         settings = resolve(_flags(args))
+        if args.log_level is None and settings.log_level == "info":
+            settings.log_level = _DEFAULT_LOG_LEVEL[args.command]
+        setup_logging(settings.log_level)
+        return module.run(settings, args)
     except ConfigError as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
-    if args.log_level is None and settings.log_level == "info":
-        settings.log_level = _DEFAULT_LOG_LEVEL[args.command]
-    setup_logging(settings.log_level)
-    module = COMMANDS[args.command][0]
-    try:
-        return module.run(settings, args)
     except (BackendUnavailable, ListenError) as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 1
