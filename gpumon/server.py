@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import gzip
 import html
+import re
 from collections.abc import Callable
+from typing import Any
 
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
-from prometheus_client import CollectorRegistry, ProcessCollector
+from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
 from prometheus_client.exposition import choose_encoder
 
 from gpumon import __version__
@@ -16,6 +18,8 @@ from gpumon.exposition import Renderer
 from gpumon.gpu.collector import SnapshotCollector
 from gpumon.gpu.snapshot import Snapshot, snapshot_json
 
+TEXT_0_0_4 = "text/plain; version=0.0.4; charset=utf-8"
+_ESCAPING = re.compile(r"escaping=([\w-]+)")
 GZIP_LEVEL = 1  # exposition text compresses ~10x even at level 1; higher levels cost CPU for a few percent
 
 
@@ -24,6 +28,20 @@ def build_registry(source: Callable[[], Snapshot | None]) -> CollectorRegistry:
     registry.register(SnapshotCollector(source))
     ProcessCollector(registry=registry)
     return registry
+
+
+def negotiate(accept: str) -> tuple[Callable[[Any], bytes], str]:
+    """prometheus_client's content negotiation, except that an unparseable Accept header (a bad version, say)
+    gets the plain text format instead of an error: a scraper with an odd header still gets metrics."""
+    try:
+        return choose_encoder(accept)
+    except Exception:  # prometheus_client raises TypeError/ValueError on versions it cannot parse
+        return generate_latest, TEXT_0_0_4
+
+
+def renders_natively(content_type: str) -> bool:
+    m = _ESCAPING.search(content_type)
+    return m is None or m.group(1) in ("underscores", "allow-utf-8")
 
 
 def create_app(
@@ -39,13 +57,14 @@ def create_app(
 
     @app.get("/metrics", summary="Prometheus exposition (text 0.0.4 or OpenMetrics by Accept; gzip)")
     def metrics(request: Request) -> Response:
-        # prometheus_client negotiates the format; our renderer writes the same bytes its encoder would
-        _, content_type = choose_encoder(request.headers.get("accept", ""))
+        encoder, content_type = negotiate(request.headers.get("accept", ""))
         names = request.query_params.getlist("name[]")
-        families = (registry.restricted_registry(names) if names else registry).collect()
-        body = renderer.render(
-            families, openmetrics_format=content_type.startswith("application/openmetrics")
-        )
+        source = registry.restricted_registry(names) if names else registry
+        if renders_natively(content_type):
+            om = content_type.startswith("application/openmetrics")
+            body = renderer.render(source.collect(), openmetrics_format=om)
+        else:  # a name-escaping scheme (dots, values) our renderer does not write: the library's encoder does
+            body = encoder(source)
         headers = {"Content-Type": content_type}
         if "gzip" in request.headers.get("accept-encoding", ""):
             body = gzip.compress(body, compresslevel=GZIP_LEVEL)

@@ -145,3 +145,39 @@ def test_sigterm_stops_the_daemon_cleanly(daemon) -> None:
     d = daemon("--simulate", "1xH100-SXM")
     assert d.stop() == 0
     assert any("gpumon stopped" in line for line in d.log)
+
+
+@pytest.mark.parametrize("accept", ["application/openmetrics-text; version=abc", "text/plain; version=x.y"])
+def test_an_unparseable_accept_version_still_gets_text_metrics(node, accept) -> None:
+    r = node.get("/metrics", headers={"Accept": accept})
+    assert r.status_code == 200
+    assert r.headers["content-type"] == "text/plain; version=0.0.4; charset=utf-8"
+    assert "gpumon_gpu_up" in r.text
+
+
+@pytest.mark.parametrize(
+    ("accept", "content_type"),
+    [
+        (
+            "application/openmetrics-text; version=",
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        ),
+        (
+            "text/plain; version=1.0.0; escaping=bogus",
+            "text/plain; version=1.0.0; charset=utf-8; escaping=underscores",
+        ),
+        ("*/*;q=banana", "text/plain; version=0.0.4; charset=utf-8"),
+    ],
+)
+def test_odd_accept_headers_are_negotiated_like_prometheus_client_does(node, accept, content_type) -> None:
+    r = node.get("/metrics", headers={"Accept": accept})
+    assert r.status_code == 200 and r.headers["content-type"] == content_type
+    assert "gpumon_gpu_up" in r.text
+
+
+def test_escaping_schemes_the_renderer_does_not_write_use_prometheus_clients_encoder(node) -> None:
+    r = node.get("/metrics", headers={"Accept": "text/plain; version=1.0.0; escaping=dots"})
+    assert r.status_code == 200 and "escaping=dots" in r.headers["content-type"]
+    assert "gpumon__gpu__up{" in r.text  # dots escaping doubles underscores, as prometheus_client writes it
+    r = node.get("/metrics", headers={"Accept": "text/plain; version=1.0.0; escaping=underscores"})
+    assert "gpumon_gpu_up{" in r.text
