@@ -2,6 +2,6 @@
 
 from gpumon.gpu.sim.catalog import MODELS, SpecError, parse_spec
 from gpumon.gpu.sim.faults import Fault, FaultSpecError
-from gpumon.gpu.sim.nvml import SimNvml, is_simulated
+from gpumon.gpu.sim.nvml import SimNvml
 
-__all__ = ["MODELS", "Fault", "FaultSpecError", "SimNvml", "SpecError", "is_simulated", "parse_spec"]
+__all__ = ["MODELS", "Fault", "FaultSpecError", "SimNvml", "SpecError", "parse_spec"]

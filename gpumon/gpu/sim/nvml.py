@@ -82,7 +82,7 @@ class SimGpu:
 class SimNvml:
     """Stands in for the ``pynvml`` module. Pass it wherever gpumon takes an NVML module."""
 
-    simulated = True
+    simulated = True  # how the backend tells (gpumon_build_info{backend="sim"}); pynvml has no such name
 
     def __init__(
         self,
@@ -365,7 +365,3 @@ class SimNvml:
                 return pynvml.NVML_SUCCESS, _ULL, int(per_link[scope]) // 1024
             return pynvml.NVML_ERROR_INVALID_ARGUMENT, _ULL, 0
         return pynvml.NVML_SUCCESS, _ULL, s.throttle_ns[fid]  # cumulative throttle time, ns
-
-
-def is_simulated(nvml: Any) -> bool:
-    return bool(getattr(nvml, "simulated", False))

@@ -1,0 +1,124 @@
+"""The one batched ``nvmlDeviceGetFieldValues`` call per GPU: HBM temperature, throttle time, PCIe byte
+counters and NVLink throughput (all links and each link); and NVLink state, read per link."""
+
+from __future__ import annotations
+
+import pynvml
+
+from gpumon.gpu import fields as codec
+from gpumon.gpu.nvml.calls import ABSENT_ERRORS, SKIP, Calls, NvmlDevice, error_kind, scaled, total
+from gpumon.gpu.types import THROTTLE_REASONS, NvlinkReading, ReadError, Support
+
+UINT_MAX = 0xFFFFFFFF  # scopeId for "all links"
+KIB = 1024
+
+FI_MEMORY_TEMP = 82
+FI_NVLINK_COUNT = 91
+FI_PCIE_TX, FI_PCIE_RX = 197, 198
+FI_NVLINK_TX, FI_NVLINK_RX = 138, 139
+THROTTLE_FIELDS = {fid: name for _, name, fid in THROTTLE_REASONS if fid is not None}
+
+Fields = dict[tuple[int, int], float]
+
+
+def plan(dev: NvmlDevice) -> list[tuple[str, int, int]]:
+    """(quantity, field id, scope id) to request: everything not known to be absent. Rebuilt only when the
+    GPU's capabilities change."""
+    if dev.fields_version == dev.support_version:
+        return dev.fields
+    wanted = [("memory_temperature", FI_MEMORY_TEMP, 0)]
+    wanted += [(f"throttle_time:{name}", fid, 0) for fid, name in THROTTLE_FIELDS.items()]
+    wanted += [("pcie_bytes", FI_PCIE_TX, 0), ("pcie_bytes", FI_PCIE_RX, 0)]
+    wanted += [("nvlink", FI_NVLINK_TX, UINT_MAX), ("nvlink", FI_NVLINK_RX, UINT_MAX)]
+    for link in range(dev.info.nvlink_count):
+        wanted += [("nvlink_links", FI_NVLINK_TX, link), ("nvlink_links", FI_NVLINK_RX, link)]
+    dev.fields = [p for p in wanted if dev.support.get(p[0]) not in SKIP]
+    dev.fields_version = dev.support_version
+    return dev.fields
+
+
+def read(c: Calls) -> Fields:
+    """Values by (field id, scope id), in NVML's units. Each entry's own return code is classified."""
+    dev = c.dev
+    wanted = plan(dev)
+    if not wanted:
+        return {}
+    raw = c.call("field_values", "nvmlDeviceGetFieldValues", dev.handle, [(fid, s) for _, fid, s in wanted])
+    if raw is None:
+        if dev.support.get("field_values") in SKIP:
+            # no field API at all: every field quantity is absent
+            for quantity, _, _ in wanted:
+                c.absent(quantity, "nvmlDeviceGetFieldValues", Support.NOT_SUPPORTED)
+        return {}
+    out: Fields = {}
+    unsupported_links = 0
+    for (quantity, fid, scope), (ret, value) in zip(wanted, codec.decode(raw), strict=True):
+        if ret == pynvml.NVML_SUCCESS and value is not None:
+            out[(fid, scope)] = value
+            if dev.support.get(quantity) is not Support.SUPPORTED:
+                dev.set_support(quantity, Support.SUPPORTED)
+        elif ret in (pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_NO_PERMISSION):
+            if quantity == "nvlink_links":
+                unsupported_links += 1  # one inactive link is not "NVLink unsupported"
+            else:
+                denied = ret == pynvml.NVML_ERROR_NO_PERMISSION
+                state = Support.NO_PERMISSION if denied else Support.NOT_SUPPORTED
+                c.absent(quantity, f"nvmlDeviceGetFieldValues[{fid}]", state)
+        else:
+            kind = error_kind(pynvml.NVMLError(ret))
+            c.errors.append(ReadError(f"nvmlDeviceGetFieldValues[{fid}]", kind))
+    if unsupported_links and unsupported_links == 2 * dev.info.nvlink_count:
+        c.absent("nvlink_links", "nvmlDeviceGetFieldValues[138]", Support.NOT_SUPPORTED)
+    return out
+
+
+def nvlinks(dev: NvmlDevice, fields: Fields) -> tuple[NvlinkReading, ...]:
+    out = []
+    for link in range(dev.info.nvlink_count):
+        tx = scaled(fields.get((FI_NVLINK_TX, link)), KIB)
+        rx = scaled(fields.get((FI_NVLINK_RX, link)), KIB)
+        out.append(NvlinkReading(link, dev.link_states[link], tx, rx))
+    return tuple(out)
+
+
+def nvlink_totals(
+    dev: NvmlDevice, fields: Fields, links: tuple[NvlinkReading, ...]
+) -> tuple[float | None, float | None]:
+    """Bytes over all links. The source never changes for a GPU: the all-links field, or, only where NVML
+    lacks it, the sum of the links. Switching on a transient error would make the counter jump backwards
+    (each link is rounded to KiB on its own), which Prometheus reads as a reset."""
+    if dev.support.get("nvlink") not in SKIP:
+        return (
+            scaled(fields.get((FI_NVLINK_TX, UINT_MAX)), KIB),
+            scaled(fields.get((FI_NVLINK_RX, UINT_MAX)), KIB),
+        )
+    if not links:
+        return None, None
+    return total([ln.transmit_bytes for ln in links]), total([ln.receive_bytes for ln in links])
+
+
+def read_link_states(c: Calls) -> None:
+    """Link state is read per link: NOT_SUPPORTED on one (an inactive link) leaves the others reported."""
+    dev = c.dev
+    if dev.support.get("nvlink_state") in SKIP:
+        return
+    absent = 0
+    for link in range(dev.info.nvlink_count):
+        dev.begin("nvmlDeviceGetNvLinkState")
+        try:
+            state = c.nv.nvmlDeviceGetNvLinkState(dev.handle, link)
+        except Exception as exc:  # classified below; none escapes
+            dev.link_states[link] = None
+            if error_kind(exc) in ABSENT_ERRORS:
+                absent += 1
+            else:
+                c.failed("nvlink_state", "nvmlDeviceGetNvLinkState", exc)
+            continue
+        finally:
+            dev.end()
+        c.ok += 1
+        dev.link_states[link] = state == pynvml.NVML_FEATURE_ENABLED
+    if absent == dev.info.nvlink_count:
+        c.absent("nvlink_state", "nvmlDeviceGetNvLinkState", Support.NOT_SUPPORTED)
+    elif dev.support.get("nvlink_state") is not Support.SUPPORTED:
+        dev.set_support("nvlink_state", Support.SUPPORTED)

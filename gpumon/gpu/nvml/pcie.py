@@ -1,0 +1,103 @@
+"""PCIe throughput where the cumulative byte counters (fields 197/198) are missing.
+
+``nvmlDeviceGetPcieThroughput`` blocks for the 20 ms window it samples. Run serially, tx and rx cost 40 ms
+per GPU per sweep; so both run side by side on the GPU's own small pool of daemon threads, overlapping the
+GPU's other calls, and never serially across GPUs (each GPU has its own worker and pool).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import queue
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pynvml
+
+from gpumon.gpu.nvml.calls import SKIP, Calls, NvmlDevice
+from gpumon.gpu.types import ReadError, Support
+
+OP = "nvmlDeviceGetPcieThroughput"
+Pair = tuple[concurrent.futures.Future, concurrent.futures.Future]
+
+
+class DaemonPool:
+    """A few daemon threads running calls for one GPU.
+
+    concurrent.futures.ThreadPoolExecutor joins its threads at interpreter exit, so one PCIe call hung in
+    the driver would keep the daemon from exiting on SIGTERM; daemon threads do not.
+    """
+
+    def __init__(self, name: str, size: int) -> None:
+        self.size = size
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        for i in range(size):
+            threading.Thread(target=self._run, name=f"{name}-{i}", daemon=True).start()
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> concurrent.futures.Future:
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        self._queue.put((future, fn, args))
+        return future
+
+    def _run(self) -> None:
+        while True:
+            future, fn, args = self._queue.get()
+            if future is None:
+                return
+            try:
+                future.set_result(fn(*args))
+            except BaseException as exc:  # handed to the reader, which classifies it
+                future.set_exception(exc)
+
+    def shutdown(self) -> None:
+        for _ in range(self.size):  # idle threads exit; one stuck in the driver ends with the process
+            self._queue.put((None, None, None))
+
+
+def needed(dev: NvmlDevice) -> bool:
+    return dev.support.get("pcie_bytes") in SKIP and dev.support.get("pcie_throughput") not in SKIP
+
+
+def start(c: Calls) -> Pair | None:
+    dev = c.dev
+    if dev.pcie_pending is not None:  # the last pair is still stuck in the driver: do not pile up
+        if not all(f.done() for f in dev.pcie_pending):
+            return None
+        dev.pcie_pending = None
+    if dev.pcie_pool is None:
+        dev.pcie_pool = DaemonPool(f"gpumon-pcie-{dev.info.index}", 2)
+    fn: Callable[..., int] = getattr(c.nv, OP)
+    pair = (
+        dev.pcie_pool.submit(fn, dev.handle, pynvml.NVML_PCIE_UTIL_TX_BYTES),
+        dev.pcie_pool.submit(fn, dev.handle, pynvml.NVML_PCIE_UTIL_RX_BYTES),
+    )
+    dev.pcie_pending = pair
+    return pair
+
+
+def finish(c: Calls, pair: Pair | None, deadline: float) -> tuple[float | None, float | None]:
+    """(tx, rx) in bytes/s; a pair still running at the deadline is a Timeout, not a wait."""
+    if pair is None:
+        if c.dev.pcie_pending is not None:
+            c.errors.append(ReadError(OP, "Timeout", "previous call still running"))
+        return None, None
+    rates: list[float | None] = []
+    for fut in pair:
+        try:
+            kb_per_s = fut.result(timeout=max(0.0, deadline - time.monotonic()))
+        except concurrent.futures.TimeoutError:
+            c.errors.append(ReadError(OP, "Timeout", "past the sample deadline"))
+            rates.append(None)
+            continue
+        except Exception as exc:  # classified like any call's failure
+            c.failed("pcie_throughput", OP, exc)
+            rates.append(None)
+            continue
+        c.ok += 1
+        c.dev.set_support("pcie_throughput", Support.SUPPORTED)
+        rates.append(kb_per_s * 1000.0)  # NVML reports KB/s
+    if all(f.done() for f in pair):
+        c.dev.pcie_pending = None
+    return rates[0], rates[1]
