@@ -101,7 +101,6 @@ class Sampler:
         interval: float = 1.0,
         timeout: float | None = None,
         host: HostSampler | None = None,
-        on_snapshot: Callable[[Snapshot], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if interval <= 0:
@@ -112,7 +111,6 @@ class Sampler:
         if not 0 < self.timeout <= interval:
             raise ValueError("timeout must be positive and no longer than the interval")
         self.host = host if host is not None else HostSampler()
-        self.on_snapshot = on_snapshot
         self.clock = clock  # schedules backoff and rediscovery; tests pass a manual clock
         self._done = threading.Condition()
         self._workers: list[_Worker] = []
@@ -202,7 +200,12 @@ class Sampler:
         self._next_discovery = now + DISCOVERY_EVERY
 
         def discover() -> None:
-            found, failed = self.backend.discover({w.device.info.uuid for w in self._workers})
+            try:
+                found, failed = self.backend.discover({w.device.info.uuid for w in self._workers})
+            except Exception as exc:  # a bug here must not kill rediscovery silently
+                log.exception("looking for unidentified GPUs failed")
+                self._count(("", "", "discover", type(exc).__name__), quiet=True)
+                return
             if found:
                 log.info("found %d more GPU(s): %s", len(found), ", ".join(d.info.uuid for d in found))
                 self._add(found)
@@ -257,8 +260,6 @@ class Sampler:
         )
         self._snapshot = snap  # one reference swap: a scrape sees the old snapshot or the new, never a mix
         self.last_sweep_monotonic = time.monotonic()
-        if self.on_snapshot is not None:
-            self.on_snapshot(snap)
         return snap
 
     def _read_host(self) -> tuple[HostReading | None, CollectorStatus]:
