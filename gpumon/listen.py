@@ -44,5 +44,4 @@ def bind(listen: str) -> socket.socket:
             else ""
         )
         raise ListenError(f"cannot listen on {listen}: {exc.strerror}{hint}") from None
-    sock.set_inheritable(True)
     return sock

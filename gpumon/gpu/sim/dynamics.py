@@ -15,6 +15,7 @@ import random
 from dataclasses import dataclass
 
 from gpumon.gpu.sim.catalog import MiB, SimModel
+from gpumon.gpu.types import THROTTLE_REASONS
 
 DT = 0.1  # seconds per simulation step
 
@@ -29,8 +30,8 @@ IDLE, LOADING, COMPUTE, ALLREDUCE, DATA_WAIT, CHECKPOINT = (
 
 # NVML clock-event bits the simulator raises
 GPU_IDLE, SW_POWER_CAP, HW_SLOWDOWN, SW_THERMAL, HW_THERMAL = 0x1, 0x4, 0x8, 0x20, 0x40
-# cumulative throttle-time field ids (ns) by reason bit
-THROTTLE_FIELDS = {SW_POWER_CAP: 74, SW_THERMAL: 269, HW_THERMAL: 270}
+# cumulative throttle-time field ids (ns) by reason bit, for every reason NVML keeps a time for
+THROTTLE_FIELDS = {bit: fid for bit, _, fid in THROTTLE_REASONS if fid is not None}
 
 
 def _mix(*parts: int) -> int:
@@ -157,7 +158,7 @@ class DeviceState:
         self.sm_clock_mhz = float(model.sm_clock_idle_mhz)
         self.mem_clock_mhz = float(model.memory_clock_mhz)
         self.reasons = GPU_IDLE
-        self.throttle_ns = {74: 0, 76: 0, 269: 0, 270: 0, 271: 0}
+        self.throttle_ns = dict.fromkeys(THROTTLE_FIELDS.values(), 0)
         self.pcie_tx_bytes = 0.0
         self.pcie_rx_bytes = 0.0
         self.pcie_tx_rate = 0.0

@@ -146,7 +146,3 @@ class Faults:
         with self._changed:
             while fault in self._faults and fault.active(self._now()):
                 self._changed.wait(0.05)
-
-    def lost(self, gpu: int) -> bool:
-        t = self._now()
-        return any(f.kind == "lost" and f.gpu == gpu and f.active(t) for f in self._faults)

@@ -21,9 +21,18 @@ from gpumon.gpu import fields
 from gpumon.gpu.sim.catalog import MiB, SimModel, parse_spec
 from gpumon.gpu.sim.dynamics import DeviceState, NodeWorkload, TrainingDynamics, _mix
 from gpumon.gpu.sim.faults import Faults
+from gpumon.gpu.types import THROTTLE_REASONS
 
 UINT_MAX = 0xFFFFFFFF
 _HGX_BUSES = (0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB)
+
+# the fields the simulator answers (pynvml's own names; everything else is NOT_SUPPORTED)
+FI_MEMORY_TEMP = pynvml.NVML_FI_DEV_MEMORY_TEMP
+FI_NVLINK_COUNT = pynvml.NVML_FI_DEV_NVLINK_LINK_COUNT
+FI_PCIE = (pynvml.NVML_FI_DEV_PCIE_COUNT_TX_BYTES, pynvml.NVML_FI_DEV_PCIE_COUNT_RX_BYTES)
+FI_NVLINK = (pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX)
+FI_THROTTLE_TIME = tuple(fid for _, _, fid in THROTTLE_REASONS if fid is not None)
+_FIELDS_KNOWN = {FI_MEMORY_TEMP, FI_NVLINK_COUNT, *FI_PCIE, *FI_NVLINK, *FI_THROTTLE_TIME}
 
 # Which calls each model lacks: (op or field id) → predicate on the model
 _MODEL_GAPS: dict[str | int, Callable[[SimModel], bool]] = {
@@ -32,18 +41,11 @@ _MODEL_GAPS: dict[str | int, Callable[[SimModel], bool]] = {
     "nvmlDeviceGetRemappedRows": lambda m: not m.remapped_rows,
     "nvmlDeviceGetNvLinkState": lambda m: m.nvlinks == 0,
     "nvmlDeviceGetMigMode": lambda m: not m.mig,
-    82: lambda m: not m.hbm,
-    197: lambda m: not m.pcie_counters,
-    198: lambda m: not m.pcie_counters,
-    74: lambda m: not m.throttle_time_fields,
-    76: lambda m: not m.throttle_time_fields,
-    269: lambda m: not m.throttle_time_fields,
-    270: lambda m: not m.throttle_time_fields,
-    271: lambda m: not m.throttle_time_fields,
-    138: lambda m: m.nvlinks == 0,
-    139: lambda m: m.nvlinks == 0,
+    FI_MEMORY_TEMP: lambda m: not m.hbm,
+    **{fid: (lambda m: not m.pcie_counters) for fid in FI_PCIE},
+    **{fid: (lambda m: not m.throttle_time_fields) for fid in FI_THROTTLE_TIME},
+    **{fid: (lambda m: m.nvlinks == 0) for fid in FI_NVLINK},
 }
-_FIELDS_KNOWN = {82, 91, 197, 198, 74, 76, 269, 270, 271, 138, 139}
 _UINT = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT
 _ULL = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
 
@@ -351,14 +353,14 @@ class SimNvml:
         s, m = gpu.state, gpu.model
         if fid not in _FIELDS_KNOWN or fid in gpu.unsupported:
             return pynvml.NVML_ERROR_NOT_SUPPORTED, _ULL, 0
-        if fid == 82:
+        if fid == FI_MEMORY_TEMP:
             return pynvml.NVML_SUCCESS, _UINT, int(s.mem_temp_c)
-        if fid == 91:
+        if fid == FI_NVLINK_COUNT:
             return pynvml.NVML_SUCCESS, _UINT, m.nvlinks
-        if fid in (197, 198):
-            return pynvml.NVML_SUCCESS, _ULL, int(s.pcie_tx_bytes if fid == 197 else s.pcie_rx_bytes)
-        if fid in (138, 139):
-            per_link = s.nvlink_tx if fid == 138 else s.nvlink_rx
+        if fid in FI_PCIE:
+            return pynvml.NVML_SUCCESS, _ULL, int(s.pcie_tx_bytes if fid == FI_PCIE[0] else s.pcie_rx_bytes)
+        if fid in FI_NVLINK:
+            per_link = s.nvlink_tx if fid == FI_NVLINK[0] else s.nvlink_rx
             if scope == UINT_MAX:
                 return pynvml.NVML_SUCCESS, _ULL, int(sum(per_link)) // 1024
             if scope < m.nvlinks:
