@@ -72,6 +72,42 @@ class NvlinkReading:
 
 
 @dataclass(frozen=True, slots=True)
+class ProfilingReading:
+    """Profiling counters over the last interval, from NVML GPM (Hopper+) or DCGM fields 1001-1012.
+
+    Activity values are ratios 0-1 of the interval; rates are bytes per second. The same gpumon metric
+    names serve both sources; ``source`` says which one measured them.
+    """
+
+    source: str  # "gpm" or "dcgm"
+    graphics_engine_active_ratio: float | None = None
+    sm_active_ratio: float | None = None
+    sm_occupancy_ratio: float | None = None
+    tensor_active_ratio: float | None = None
+    dram_active_ratio: float | None = None
+    fp64_active_ratio: float | None = None
+    fp32_active_ratio: float | None = None
+    fp16_active_ratio: float | None = None
+    pcie_transmit_bytes_per_second: float | None = None
+    pcie_receive_bytes_per_second: float | None = None
+    nvlink_transmit_bytes_per_second: float | None = None
+    nvlink_receive_bytes_per_second: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessReading:
+    """A compute process using one GPU (or one MIG instance of it), as NVML reports it."""
+
+    pid: int
+    used_memory_bytes: float | None = None  # None where NVML cannot tell (WDDM, some MIG setups)
+    gpu_instance_id: int | None = None  # MIG only
+    compute_instance_id: int | None = None  # MIG only
+    sm_utilization_ratio: float | None = None  # from process samples, where supported
+    memory_utilization_ratio: float | None = None
+    last_seen: float | None = None  # unix time of the newest process sample for this pid
+
+
+@dataclass(frozen=True, slots=True)
 class GpuReading:
     """One sample of one GPU. Counters are cumulative as the driver reports them."""
 
@@ -112,6 +148,8 @@ class GpuReading:
     row_remap_failure: bool | None = None
     performance_state: int | None = None
     fan_speed_ratio: float | None = None
+    profiling: ProfilingReading | None = None
+    processes: tuple[ProcessReading, ...] | None = None  # None: not read (unsupported); () none running
 
 
 @dataclass(frozen=True, slots=True)
