@@ -1,0 +1,23 @@
+"""Every metric gpumon exposes: name, type, help, labels, unit and source, defined here and nowhere else.
+
+The collector, the docs (``docs/metrics.md``, rendered by ``python -m gpumon.metrics``) and the tests all
+read this table, so a rename cannot silently break one of them. One module per concern defines its rows;
+the import order below is the order of the exposition and of the docs.
+"""
+
+from __future__ import annotations
+
+# isort: off
+from gpumon.metrics.registry import GPU, REGISTRY, Metric
+from gpumon.metrics.exporter import *  # noqa: F403
+from gpumon.metrics.gpu import *  # noqa: F403
+from gpumon.metrics.links import *  # noqa: F403
+from gpumon.metrics.memory_errors import *  # noqa: F403
+from gpumon.metrics.host import *  # noqa: F403
+from gpumon.metrics.docs import PROCESS_METRICS, render_markdown
+# isort: on
+
+GPU_SCALARS = tuple(m for m in REGISTRY if m.field is not None)
+BY_NAME = {m.name: m for m in REGISTRY}
+
+__all__ = ["BY_NAME", "GPU", "GPU_SCALARS", "PROCESS_METRICS", "REGISTRY", "Metric", "render_markdown"]

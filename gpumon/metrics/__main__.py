@@ -1,0 +1,3 @@
+from gpumon.metrics import render_markdown
+
+print(render_markdown(), end="")

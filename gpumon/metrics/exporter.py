@@ -1,0 +1,59 @@
+"""The exporter itself: build, driver, sampling, per-collector health, errors."""
+
+from __future__ import annotations
+
+from gpumon.metrics.registry import metric, section
+
+section("Exporter")
+BUILD_INFO = metric(
+    "gpumon_build_info",
+    "gauge",
+    "gpumon version and the GPU backend in use (backend sim: simulated GPUs).",
+    ("version", "python_version", "backend"),
+    source="constant 1",
+)
+DRIVER_INFO = metric(
+    "gpumon_driver_info",
+    "gauge",
+    "NVIDIA driver, CUDA driver API and NVML versions.",
+    ("driver_version", "cuda_driver_version", "nvml_version"),
+    source="nvmlSystemGetDriverVersion, nvmlSystemGetCudaDriverVersion, nvmlSystemGetNVMLVersion",
+)
+DEVICE_COUNT = metric(
+    "gpumon_nvml_devices",
+    "gauge",
+    "GPUs the driver reports, whether or not gpumon could identify them (compare with count(gpumon_gpu_up)).",
+    (),
+    source="nvmlDeviceGetCount",
+)
+SAMPLE_INTERVAL = metric(
+    "gpumon_sample_interval_seconds", "gauge", "Configured time between sampling sweeps.", (), "seconds"
+)
+LAST_SAMPLE = metric(
+    "gpumon_last_sample_timestamp_seconds",
+    "gauge",
+    "Unix time the latest sampling sweep finished.",
+    (),
+    "seconds",
+)
+SAMPLES = metric("gpumon_samples_total", "counter", "Sampling sweeps completed since start.", ())
+COLLECTOR_SUCCESS = metric(
+    "gpumon_collector_success",
+    "gauge",
+    "Whether the collector's last run succeeded (per-GPU health is in gpumon_gpu_up).",
+    ("collector",),
+)
+COLLECTOR_DURATION = metric(
+    "gpumon_collector_duration_seconds",
+    "gauge",
+    "Wall time of the collector's last run (for gpu: all GPUs in parallel, up to the deadline).",
+    ("collector",),
+    "seconds",
+)
+ERRORS = metric(
+    "gpumon_errors_total",
+    "counter",
+    "Failed operations by GPU, NVML call and error kind "
+    "(an NVML error name, deadline_exceeded for a call that hung past its deadline, or exception).",
+    ("gpu", "uuid", "op", "error"),
+)

@@ -1,0 +1,42 @@
+"""ECC and row remapping."""
+
+from __future__ import annotations
+
+from gpumon.metrics.registry import GPU, metric, section
+
+section("Memory errors")
+ECC = metric(
+    "gpumon_gpu_ecc_errors_total",
+    "counter",
+    "ECC errors since the driver loaded (type=corrected or uncorrected).",
+    (*GPU, "type"),
+    source="nvmlDeviceGetTotalEccErrors(…, NVML_VOLATILE_ECC)",
+)
+ECC_LIFETIME = metric(
+    "gpumon_gpu_ecc_lifetime_errors_total",
+    "counter",
+    "ECC errors over the GPU's lifetime (type=corrected or uncorrected).",
+    (*GPU, "type"),
+    source="nvmlDeviceGetTotalEccErrors(…, NVML_AGGREGATE_ECC)",
+)
+REMAPPED = metric(
+    "gpumon_gpu_remapped_rows_total",
+    "counter",
+    "HBM rows remapped to spares, by the type of error that caused it (corrected or uncorrected).",
+    (*GPU, "type"),
+    source="nvmlDeviceGetRemappedRows",
+)
+REMAP_PENDING = metric(
+    "gpumon_gpu_row_remap_pending",
+    "gauge",
+    "1 if a row remap waits for a GPU reset.",
+    source="nvmlDeviceGetRemappedRows",
+    field="row_remap_pending",
+)
+REMAP_FAILURE = metric(
+    "gpumon_gpu_row_remap_failure",
+    "gauge",
+    "1 if a row remap failed (the GPU needs service).",
+    source="nvmlDeviceGetRemappedRows",
+    field="row_remap_failure",
+)
