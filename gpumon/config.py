@@ -33,6 +33,21 @@ class ConfigError(Exception):
     """A setting is wrong; the message says which and how to fix it."""
 
 
+DEFAULT_KUBELET_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
+PROFILING = ("auto", "gpm", "dcgm", "off")
+COMPAT = ("dcgm",)
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+
+
+def parse_bool(value: object, what: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in _TRUE + _FALSE:
+        return value.strip().lower() in _TRUE
+    raise ConfigError(f"{what}: expected true or false, got {value!r}")
+
+
 @dataclass
 class Settings:
     listen: str = f"0.0.0.0:{DEFAULT_PORT}"
@@ -44,6 +59,14 @@ class Settings:
     seed: int = 0
     sim_faults: list[str] = field(default_factory=list)
     log_level: str = "info"
+    events: bool = True  # the NVML event (XID) watcher
+    processes: bool = True  # per-process GPU use and its owners
+    profiling: str = "auto"  # auto: DCGM when reachable, else NVML GPM; gpm; dcgm; off
+    dcgm_address: str | None = None  # an nv-hostengine host:port; None: embedded
+    owner_labels: bool = False  # add the owning pod / Slurm job as labels on per-GPU series
+    kubelet_socket: str = DEFAULT_KUBELET_SOCKET  # "" turns pod lookups off
+    proc_root: str = "/proc"  # the host's /proc (mounted elsewhere when gpumon runs in a container)
+    compat: str | None = None  # "dcgm": also emit dcgm-exporter's metric names
 
     @property
     def deadline(self) -> float:
@@ -177,7 +200,32 @@ def validate(raw: Mapping[str, Any]) -> Settings:
         s.log_level = _text(raw, "log_level").lower()
         if s.log_level not in LOG_LEVELS:
             raise ConfigError(f"log-level: expected one of {', '.join(LOG_LEVELS)}, got {raw['log_level']!r}")
+    for key in ("events", "processes", "owner_labels"):
+        if key in raw:
+            setattr(s, key, parse_bool(raw[key], key.replace("_", "-")))
+    _validate_telemetry(raw, s)
     return s
+
+
+def _validate_telemetry(raw: Mapping[str, Any], s: Settings) -> None:
+    if "profiling" in raw:
+        s.profiling = _text(raw, "profiling").lower()
+        if s.profiling not in PROFILING:
+            raise ConfigError(f"profiling: expected one of {', '.join(PROFILING)}, got {raw['profiling']!r}")
+    if raw.get("dcgm_address"):
+        s.dcgm_address = _text(raw, "dcgm_address")
+        if s.profiling in ("gpm", "off"):
+            raise ConfigError(f"--dcgm-address conflicts with --profiling {s.profiling}")
+    if "kubelet_socket" in raw:
+        s.kubelet_socket = _text(raw, "kubelet_socket")
+    if "proc_root" in raw:
+        s.proc_root = _text(raw, "proc_root")
+        if not os.path.isdir(s.proc_root):
+            raise ConfigError(f"proc-root: {s.proc_root} is not a directory (the host's /proc)")
+    if raw.get("compat"):
+        s.compat = _text(raw, "compat").lower()
+        if s.compat not in COMPAT:
+            raise ConfigError(f"compat: expected one of {', '.join(COMPAT)}, got {raw['compat']!r}")
 
 
 def setup_logging(level: str) -> None:

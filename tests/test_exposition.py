@@ -14,7 +14,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gpumon import metrics as M
 from gpumon.gpu import collector as collector_module
+from gpumon.gpu import xid
 from gpumon.gpu.collector import SnapshotCollector, build_families
+from gpumon.gpu.events import EventsView
 from gpumon.gpu.snapshot import CollectorStatus
 from gpumon.host import HostReading
 
@@ -41,12 +43,27 @@ def pinned(snap):
         for g in snap.gpus
     )
     host = HostReading(0.25, 64, 2.0 * 2**40, 1.5 * 2**40, 3.5, 3.0, 2.5)
+    u0 = gpus[0].info.uuid
+    events = EventsView(
+        running=True,
+        registered={u0: ("xid", "ecc_double_bit")},
+        support={u0: "supported"},
+        counts={(u0, "xid"): 3, (u0, "ecc_double_bit"): 0},
+        last={(u0, "xid"): 1.7e9},
+        xids={(u0, 79): 2, (u0, 13): 1},
+        xid_last={(u0, 79): 1.7e9, (u0, 13): 1.6e9},
+    )
     return dataclasses.replace(
         snap,
         timestamp=1.7e9,
         gpus=gpus,
         host=host,
-        collectors=(CollectorStatus("gpu", True, 0.02), CollectorStatus("host", True, 0.001)),
+        collectors=(
+            CollectorStatus("gpu", True, 0.02),
+            CollectorStatus("host", True, 0.001),
+            CollectorStatus("events", True, 0.0),
+        ),
+        events=events,
     )
 
 
@@ -73,7 +90,7 @@ def test_golden_exposition(mixed_node, monkeypatch) -> None:
 
 
 def test_every_registered_metric_is_served_and_nothing_else(mixed_node) -> None:
-    served = {f.name for f in text_string_to_metric_families(exposition(mixed_node))}
+    served = {f.name for f in text_string_to_metric_families(exposition(pinned(mixed_node)))}
     registered = {m.name.removesuffix("_total") if m.type == "counter" else m.name for m in M.REGISTRY}
     assert registered - served == set(), "registered but never served"
     assert served - registered == set(), "served but not in gpumon/metrics.py"
@@ -150,3 +167,8 @@ def test_names_are_unique() -> None:
 def test_docs_metrics_md_is_generated_from_the_registry() -> None:
     doc = (ROOT / "docs" / "metrics.md").read_text()
     assert doc == M.render_markdown(), "docs/metrics.md is stale: python -m gpumon.metrics > docs/metrics.md"
+
+
+def test_docs_xid_md_is_generated_from_the_catalogue() -> None:
+    doc = (ROOT / "docs" / "xid.md").read_text()
+    assert doc == xid.render_markdown(), "docs/xid.md is stale: python -m gpumon.gpu.xid > docs/xid.md"

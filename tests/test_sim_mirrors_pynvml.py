@@ -12,7 +12,7 @@ import pytest
 from gpumon.gpu.sim import SimNvml
 from gpumon.gpu.sim.catalog import MiB
 
-SIM_FUNCTIONS = sorted(n for n, v in vars(SimNvml).items() if n.startswith("nvml") and callable(v))
+SIM_FUNCTIONS = sorted(n for n, v in inspect.getmembers(SimNvml) if n.startswith("nvml") and callable(v))
 
 
 def test_the_simulator_implements_what_the_backend_calls() -> None:

@@ -7,6 +7,7 @@ non-zero exit, never a traceback: 2 for usage and configuration errors, 1 for ru
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import sys
 from collections.abc import Sequence
@@ -15,7 +16,7 @@ from typing import NoReturn
 from gpumon import __version__
 from gpumon.cli import doctor, serve, snapshot
 from gpumon.cli.common import add_common_options
-from gpumon.config import ConfigError, resolve, setup_logging
+from gpumon.config import ConfigError, Settings, resolve, setup_logging
 from gpumon.gpu.types import BackendUnavailable
 from gpumon.listen import ListenError
 
@@ -49,18 +50,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
 
 
 def _flags(args: argparse.Namespace) -> dict[str, object]:
-    names = (
-        "listen",
-        "interval",
-        "timeout",
-        "backend",
-        "simulate",
-        "simulate_if_no_gpu",
-        "seed",
-        "sim_faults",
-        "log_level",
-        "config",
-    )
+    names = [f.name for f in dataclasses.fields(Settings)] + ["config"]
     return {n: getattr(args, n, None) for n in names}
 
 

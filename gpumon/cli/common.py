@@ -6,6 +6,7 @@ import argparse
 import logging
 
 from gpumon.config import DEFAULT_SIMULATION, Settings
+from gpumon.gpu.events import EventWatcher
 from gpumon.gpu.nvml import NvmlBackend
 from gpumon.gpu.sampler import Sampler
 from gpumon.gpu.sim import SimNvml
@@ -42,6 +43,36 @@ def add_common_options(p: argparse.ArgumentParser) -> None:
         help="inject a simulator fault, e.g. lost:3@10+30 or hang:2:nvmlDeviceGetPowerUsage@5 "
         "(repeatable; see docs/simulator.md)",
     )
+    t = p.add_argument_group("deep telemetry")
+    t.add_argument(
+        "--events",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="watch NVML events and XIDs (on)",
+    )
+    t.add_argument(
+        "--processes",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="per-process GPU use with container, pod, Slurm job and user (on)",
+    )
+    t.add_argument(
+        "--profiling",
+        choices=("auto", "gpm", "dcgm", "off"),
+        help="profiling counters: auto (default) uses DCGM when reachable, else NVML GPM on Hopper+",
+    )
+    t.add_argument("--dcgm-address", metavar="HOST:PORT", help="an nv-hostengine to read (default: embedded)")
+    t.add_argument(
+        "--owner-labels",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="add the owning pod or Slurm job as labels on every per-GPU series (off)",
+    )
+    t.add_argument(
+        "--kubelet-socket", metavar="PATH", help="kubelet pod-resources socket ('' to turn pod lookups off)"
+    )
+    t.add_argument("--proc-root", metavar="PATH", help="the host's /proc (default /proc)")
+    t.add_argument("--compat", choices=("dcgm",), help="also emit dcgm-exporter metric names and units")
     o = p.add_argument_group("general")
     o.add_argument("--config", metavar="PATH", help="TOML config file (also GPUMON_CONFIG)")
     o.add_argument("--log-level", choices=("debug", "info", "warning", "error"), help="default: info")
@@ -68,6 +99,8 @@ def open_sampler(settings: Settings, command: str) -> Sampler:
     def opened(backend: NvmlBackend) -> Sampler:
         sampler = Sampler(backend, interval=settings.interval, timeout=settings.deadline)
         sampler.open()
+        if settings.events:
+            sampler.events = EventWatcher(backend.nv, sampler.devices)
         return sampler
 
     if settings.simulated:

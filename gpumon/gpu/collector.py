@@ -16,6 +16,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from gpumon import __version__
 from gpumon import metrics as M
+from gpumon.gpu import xid as xids
+from gpumon.gpu.events import EventsView
 from gpumon.gpu.snapshot import GpuStatus, Snapshot
 from gpumon.gpu.types import THROTTLE_REASONS
 
@@ -90,6 +92,26 @@ def _add_gpu(f: dict[str, Family], st: GpuStatus) -> None:
             f[M.NVL_LINK_RX.name].add_metric(ll, link.receive_bytes)
 
 
+def _add_events(f: dict[str, Family], ev: EventsView, index: dict[str, str]) -> None:
+    for uuid, labels in ev.registered.items():
+        for label in labels:
+            f[M.EVENTS_REGISTERED.name].add_metric([index.get(uuid, ""), uuid, label], 1)
+    for (uuid, label), n in ev.counts.items():
+        f[M.EVENTS.name].add_metric([index.get(uuid, ""), uuid, label], n)
+    for (uuid, label), t in ev.last.items():
+        f[M.EVENT_LAST.name].add_metric([index.get(uuid, ""), uuid, label], t)
+    seen = set()
+    for (uuid, code), n in ev.xids.items():
+        f[M.XID_ERRORS.name].add_metric([index.get(uuid, ""), uuid, str(code)], n)
+        f[M.XID_LAST.name].add_metric([index.get(uuid, ""), uuid, str(code)], ev.xid_last[(uuid, code)])
+        seen.add(code)
+    for code in sorted(seen):
+        x = xids.lookup(code)
+        f[M.XID_INFO.name].add_metric(
+            [str(code), x.description, x.severity.value, x.cause.value, x.action], 1
+        )
+
+
 def build_families(snap: Snapshot) -> list[Metric]:
     f: dict[str, Family] = {m.name: _family(m) for m in M.REGISTRY}
     f[M.BUILD_INFO.name].add_metric([__version__, platform.python_version(), snap.backend], 1)
@@ -106,6 +128,8 @@ def build_families(snap: Snapshot) -> list[Metric]:
         f[M.ERRORS.name].add_metric(list(key), count)
     for st in snap.gpus:
         _add_gpu(f, st)
+    if snap.events is not None:
+        _add_events(f, snap.events, {st.info.uuid: str(st.info.index) for st in snap.gpus})
     h = snap.host
     if h is not None:
         for metric, value in (

@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 
 from gpumon.gpu.backend import Backend, Device
+from gpumon.gpu.events import EventsView, EventWatcher
 from gpumon.gpu.snapshot import CollectorStatus, ErrorKey, GpuStatus, Snapshot
 from gpumon.gpu.types import DeviceDown, DriverInfo, ReadResult
 from gpumon.host import HostReading, HostSampler
@@ -91,6 +92,7 @@ class _GpuHealth:
         self.last_success: float | None = None
         self.caps_version = -1
         self.caps: Mapping[str, str] = MappingProxyType({})
+        self.caps_events: EventsView | None = None
 
 
 class Sampler:
@@ -102,6 +104,7 @@ class Sampler:
         timeout: float | None = None,
         host: HostSampler | None = None,
         clock: Callable[[], float] = time.monotonic,
+        events: EventWatcher | None = None,
     ) -> None:
         if interval <= 0:
             raise ValueError("interval must be positive")
@@ -112,6 +115,7 @@ class Sampler:
             raise ValueError("timeout must be positive and no longer than the interval")
         self.host = host if host is not None else HostSampler()
         self.clock = clock  # schedules backoff and rediscovery; tests pass a manual clock
+        self.events = events  # the NVML event watcher, started and stopped with sampling
         self._done = threading.Condition()
         self._workers: list[_Worker] = []
         self._health: dict[str, _GpuHealth] = {}
@@ -141,6 +145,8 @@ class Sampler:
     def start(self) -> None:
         if self._driver is None:
             self.open()
+        if self.events is not None:
+            self.events.start()
         self._thread = threading.Thread(target=self._loop, name="gpumon-sampler", daemon=True)
         self._thread.start()
 
@@ -148,6 +154,8 @@ class Sampler:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=self.interval + self.timeout + 1.0)
+        if self.events is not None:
+            self.events.stop()
         for w in self._workers:
             w.stop()
         for w in self._workers:
@@ -167,6 +175,10 @@ class Sampler:
 
     def gpu_count(self) -> int:
         return len(self._workers)
+
+    def devices(self) -> list[Device]:
+        """The GPUs being sampled (what the event watcher registers)."""
+        return [w.device for w in self._workers]
 
     def _loop(self) -> None:
         next_at = time.monotonic()
@@ -225,6 +237,7 @@ class Sampler:
         self._sweeps += 1
         seq = self._sweeps
         workers = list(self._workers)
+        events = self.events.view() if self.events is not None else None
         asked: list[_Worker] = []
         with self._done:
             for w in workers:
@@ -243,7 +256,7 @@ class Sampler:
                 lambda: all(w.result_seq == seq for w in asked), timeout=max(0.0, deadline - time.monotonic())
             )
         gpu_elapsed = time.monotonic() - started
-        statuses = tuple(self._status(w, seq, w in asked) for w in workers)
+        statuses = tuple(self._status(w, seq, w in asked, events) for w in workers)
         self._maybe_discover(now)
 
         snap = Snapshot(
@@ -255,8 +268,13 @@ class Sampler:
             device_count=max(self.backend.device_count, len(workers)),
             gpus=statuses,
             host=host,
-            collectors=(CollectorStatus("gpu", True, gpu_elapsed), host_status),
+            collectors=(
+                CollectorStatus("gpu", True, gpu_elapsed),
+                host_status,
+                *(() if events is None else (CollectorStatus("events", events.running, 0.0),)),
+            ),
             errors=MappingProxyType(dict(self._errors)),
+            events=events,
         )
         self._snapshot = snap  # one reference swap: a scrape sees the old snapshot or the new, never a mix
         self.last_sweep_monotonic = time.monotonic()
@@ -271,7 +289,7 @@ class Sampler:
             return None, CollectorStatus("host", False, time.monotonic() - t0)
         return reading, CollectorStatus("host", True, time.monotonic() - t0)
 
-    def _status(self, w: _Worker, seq: int, asked: bool) -> GpuStatus:
+    def _status(self, w: _Worker, seq: int, asked: bool, events: EventsView | None) -> GpuStatus:
         dev = w.device
         info = dev.info
         health = self._health[info.uuid]
@@ -323,9 +341,13 @@ class Sampler:
                 )
 
         version = dev.support_version  # read first: a late worker may change support while we copy
-        if version != health.caps_version:
-            health.caps = MappingProxyType(dict(dev.capabilities()))
+        if version != health.caps_version or events is not health.caps_events:
+            caps = dict(dev.capabilities())
+            if events is not None and info.uuid in events.support:
+                caps["events"] = events.support[info.uuid]
+            health.caps = MappingProxyType(dict(sorted(caps.items())))
             health.caps_version = version
+            health.caps_events = events
 
         if reading is None:
             # a call stuck right now says more than why the GPU went down before it

@@ -38,6 +38,11 @@ class SimModel:
     remapped_rows: bool = True
     mig: bool = False
 
+    @property
+    def gpm(self) -> bool:
+        """GPU performance monitoring (nvmlGpm*) exists from Hopper on."""
+        return self.nvml_name.startswith(("NVIDIA H1", "NVIDIA H2", "NVIDIA B"))
+
 
 MODELS: dict[str, SimModel] = {
     m.key: m

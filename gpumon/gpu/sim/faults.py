@@ -4,6 +4,7 @@ A fault applies to one GPU (or all), one NVML function (or any), during a window
 textual form used by ``--sim-fault`` is ``KIND[:GPU[:OP[=ARG]]][@START[+DURATION]]``, for example
 ``lost:3@10+30`` (GPU 3 lost from t=10 s for 30 s), ``hang:2:nvmlDeviceGetPowerUsage@5`` (that call hangs
 on GPU 2 from t=5 s on), ``error:1:nvmlDeviceGetTemperature=Unknown`` or ``slow:*:*=0.02``.
+``xid:GPU:CODE@START`` delivers one XID event to the NVML event watcher, e.g. ``xid:3:79@10``.
 """
 
 from __future__ import annotations
@@ -16,10 +17,12 @@ from dataclasses import dataclass
 
 import pynvml
 
-KINDS = ("lost", "hang", "error", "unsupported", "slow", "uninitialized")
+KINDS = ("lost", "hang", "error", "unsupported", "slow", "uninitialized", "xid")
+# kinds that are one-shot events delivered through NVML event sets, not call failures
+EVENT_KINDS = ("xid",)
 
 _SPEC = re.compile(
-    r"^(?P<kind>[a-z]+)(?::(?P<gpu>\*|\d+)(?::(?P<op>\*|nvml\w+)(?:=(?P<arg>[\w.]+))?)?)?"
+    r"^(?P<kind>[a-z]+)(?::(?P<gpu>\*|\d+)(?::(?P<op>\*|nvml\w+|\d+)(?:=(?P<arg>[\w.]+))?)?)?"
     r"(?:@(?P<start>\d+(?:\.\d+)?)(?:\+(?P<duration>\d+(?:\.\d+)?))?)?$"
 )
 
@@ -49,6 +52,7 @@ class Fault:
     duration: float | None = None  # None: until cleared
     error: int = pynvml.NVML_ERROR_UNKNOWN
     delay: float = 0.0
+    xid: int = 0  # for kind "xid": the code delivered once at ``start``
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -69,6 +73,14 @@ class Fault:
                 f"bad fault {text!r}: expected KIND[:GPU[:OP[=ARG]]][@START[+DURATION]], e.g. lost:3@10+30"
             )
         kind = m["kind"]
+        if kind == "xid":
+            if m["gpu"] in (None, "*") or m["op"] is None or not m["op"].isdigit() or m["arg"]:
+                raise FaultSpecError(f"bad fault {text!r}: an XID is xid:GPU:CODE[@START], e.g. xid:3:79@10")
+            return cls(kind=kind, gpu=int(m["gpu"]), start=float(m["start"] or 0.0), xid=int(m["op"]))
+        if m["op"] is not None and m["op"].isdigit():
+            raise FaultSpecError(
+                f"bad fault {text!r}: OP is an NVML function name such as nvmlDeviceGetPowerUsage"
+            )
         fault = cls(
             kind=kind,
             gpu=None if m["gpu"] in (None, "*") else int(m["gpu"]),
@@ -124,7 +136,7 @@ class Faults:
         if faults:
             t = self._now()
             for f in faults:
-                if not (f.matches(op, gpu) and f.active(t)):
+                if f.kind in EVENT_KINDS or not (f.matches(op, gpu) and f.active(t)):
                     continue
                 if f.kind == "slow":
                     delay += f.delay
@@ -140,6 +152,9 @@ class Faults:
                     raise pynvml.NVMLError(f.error)
         if delay > 0.0:
             time.sleep(delay)
+
+    def events(self) -> list[Fault]:
+        return [f for f in self._faults if f.kind in EVENT_KINDS]
 
     def _hang(self, fault: Fault) -> None:
         # A hung driver call: block until the fault window ends or the fault is removed.

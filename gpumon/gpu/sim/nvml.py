@@ -20,6 +20,7 @@ import pynvml
 from gpumon.gpu import fields
 from gpumon.gpu.sim.catalog import MiB, SimModel, parse_spec
 from gpumon.gpu.sim.dynamics import DeviceState, NodeWorkload, TrainingDynamics, _mix
+from gpumon.gpu.sim.events import SimEvents
 from gpumon.gpu.sim.faults import Faults
 from gpumon.gpu.types import THROTTLE_REASONS
 
@@ -81,7 +82,7 @@ class SimGpu:
         return f"<SimGpu {self.index} {self.model.key}>"
 
 
-class SimNvml:
+class SimNvml(SimEvents):
     """Stands in for the ``pynvml`` module. Pass it wherever gpumon takes an NVML module."""
 
     simulated = True  # how the backend tells (gpumon_build_info{backend="sim"}); pynvml has no such name
@@ -114,6 +115,7 @@ class SimNvml:
         self.driver_loaded = True
         self._init_count = 0
         self._init_lock = threading.Lock()
+        self._events_init()
 
     # -- pynvml's constants, structures and exceptions are the real ones --------------------------------
     def __getattr__(self, name: str) -> Any:
