@@ -1,0 +1,1 @@
+"""Who owns a GPU process: container, Kubernetes pod, Slurm job, user."""
