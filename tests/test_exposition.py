@@ -18,6 +18,7 @@ from gpumon.gpu import xid
 from gpumon.gpu.collector import SnapshotCollector, build_families
 from gpumon.gpu.events import EventsView
 from gpumon.gpu.snapshot import CollectorStatus
+from gpumon.gpu.types import ProfilingReading
 from gpumon.host import HostReading
 
 GOLDEN = Path(__file__).parent / "golden" / "metrics.prom"
@@ -41,6 +42,11 @@ def pinned(snap):
             else dataclasses.replace(g.reading, timestamp=1.7e9, duration_seconds=0.004),
         )
         for g in snap.gpus
+    )
+    profiling = ProfilingReading("gpm", 0.99, 0.93, 0.55, 0.62, 0.38, 0.0, 0.08, 0.05, 2e9, 1.5e8, 4e10, 4e10)
+    gpus = (
+        dataclasses.replace(gpus[0], reading=dataclasses.replace(gpus[0].reading, profiling=profiling)),
+        *gpus[1:],
     )
     host = HostReading(0.25, 64, 2.0 * 2**40, 1.5 * 2**40, 3.5, 3.0, 2.5)
     u0 = gpus[0].info.uuid

@@ -6,6 +6,7 @@ import argparse
 import logging
 
 from gpumon.config import DEFAULT_SIMULATION, Settings
+from gpumon.gpu.dcgm import DcgmSource
 from gpumon.gpu.events import EventWatcher
 from gpumon.gpu.nvml import NvmlBackend
 from gpumon.gpu.sampler import Sampler
@@ -93,12 +94,25 @@ def simulated_backend(spec: str, settings: Settings) -> NvmlBackend:
     return NvmlBackend(sim)
 
 
+def _try_dcgm(backend: NvmlBackend, sampler: Sampler, settings: Settings) -> None:
+    """DCGM's profiling fields instead of GPM where a host engine serves them; NVML carries on without."""
+    source = DcgmSource(settings.dcgm_address, update_interval=settings.interval)
+    if source.open([d.info.uuid for d in sampler.devices()]):
+        backend.profiler = source
+    elif settings.profiling == "dcgm":
+        log.warning("--profiling dcgm: DCGM is not usable (%s); no profiling counters", source.reason)
+        backend.gpm = False
+
+
 def open_sampler(settings: Settings, command: str) -> Sampler:
     """The sampler over the backend the settings ask for, opened. Raises BackendUnavailable with advice."""
 
     def opened(backend: NvmlBackend) -> Sampler:
+        backend.gpm = settings.profiling in ("auto", "gpm")
         sampler = Sampler(backend, interval=settings.interval, timeout=settings.deadline)
         sampler.open()
+        if settings.profiling in ("auto", "dcgm") and backend.name == "nvml":
+            _try_dcgm(backend, sampler, settings)
         if settings.events:
             sampler.events = EventWatcher(backend.nv, sampler.devices)
         return sampler

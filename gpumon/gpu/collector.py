@@ -82,6 +82,13 @@ def _add_gpu(f: dict[str, Family], st: GpuStatus) -> None:
         for kind, value in zip(_ECC_TYPES, pair, strict=True):
             if value is not None:
                 f[metric.name].add_metric([*gl, kind], value)
+    p = r.profiling
+    if p is not None:
+        f[M.PROFILING_INFO.name].add_metric([*gl, p.source], 1)
+        for metric, attr in M.PROFILING_FIELDS:
+            value = getattr(p, attr)
+            if value is not None:
+                f[metric.name].add_metric(gl, value)
     for link in r.nvlinks:
         ll = [*gl, str(link.link)]
         if link.up is not None:

@@ -13,6 +13,7 @@ from gpumon.metrics.exporter import *  # noqa: F403
 from gpumon.metrics.gpu import *  # noqa: F403
 from gpumon.metrics.links import *  # noqa: F403
 from gpumon.metrics.memory_errors import *  # noqa: F403
+from gpumon.metrics.profiling import *  # noqa: F403
 from gpumon.metrics.events import *  # noqa: F403
 from gpumon.metrics.host import *  # noqa: F403
 from gpumon.metrics.docs import PROCESS_METRICS, render_markdown

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
@@ -12,7 +13,8 @@ import pynvml
 
 from gpumon.gpu import fields as codec
 from gpumon.gpu.backend import Device
-from gpumon.gpu.nvml import fieldvalues, pcie
+from gpumon.gpu.dcgm import DcgmReadError, DcgmSource
+from gpumon.gpu.nvml import fieldvalues, gpm, pcie
 from gpumon.gpu.nvml.calls import DOWN_ERRORS, SKIP, Calls, NvmlDevice, error_kind, scaled
 from gpumon.gpu.nvml.fieldvalues import (
     FI_MEMORY_TEMP,
@@ -27,6 +29,8 @@ from gpumon.gpu.types import (
     DriverInfo,
     GpuInfo,
     GpuReading,
+    ProfilingReading,
+    ReadError,
     ReadResult,
     Support,
 )
@@ -39,8 +43,18 @@ MHZ = 1e6
 class NvmlBackend:
     """Reads GPUs through an nvidia-ml-py-shaped module: ``pynvml`` itself, or ``SimNvml``."""
 
-    def __init__(self, nvml: ModuleType | Any | None = None, *, nvlink_state_every: int = 10) -> None:
+    def __init__(
+        self,
+        nvml: ModuleType | Any | None = None,
+        *,
+        nvlink_state_every: int = 10,
+        gpm: bool = True,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.nv = nvml if nvml is not None else pynvml
+        self.gpm = gpm  # read Hopper profiling counters through NVML GPM where the GPU has them
+        self.profiler: DcgmSource | None = None  # when set, DCGM supplies profiling counters instead
+        self.clock = clock  # spaces GPM samples; tests pass a manual clock
         # the simulator marks itself; real pynvml has no such attribute
         self.name = "sim" if getattr(self.nv, "simulated", False) else "nvml"
         self.nvlink_state_every = max(1, nvlink_state_every)
@@ -71,10 +85,14 @@ class NvmlBackend:
             self._initialized = True
 
     def close(self) -> None:
+        if self.profiler is not None:
+            self.profiler.close()
         for dev in self._devices:
             if dev.pcie_pool is not None:
                 dev.pcie_pool.shutdown()
                 dev.pcie_pool = None
+            if dev.current_op is None:  # a GPU stuck in a call keeps its buffers: NVML may be using them
+                gpm.free(self.nv, dev.gpm)
         # a re-initialisation hung in the driver holds the lock: exit without nvmlShutdown rather than hang
         if not self._lock.acquire(timeout=2.0):
             log.warning("NVML is stuck in a call; exiting without nvmlShutdown")
@@ -197,6 +215,8 @@ class NvmlBackend:
         device.support_version += 1
         device.link_states = [None] * info.nvlink_count
         device.fields_version = -1
+        for stream in device.gpm.values():  # a reset GPU restarts its counters: no difference across it
+            stream.previous_at = None
 
     # -- one read ----------------------------------------------------------------------------------------
     def read(self, device: Device, deadline: float) -> ReadResult:
@@ -230,6 +250,7 @@ class NvmlBackend:
         fields = fieldvalues.read(c)
         if dev.info.nvlink_count and dev.reads % self.nvlink_state_every == 0:
             fieldvalues.read_link_states(c)
+        profiling = self._profiling(c)
         pcie_tx_rate, pcie_rx_rate = pcie.finish(c, pcie_rates, deadline)
         dev.reads += 1
 
@@ -279,8 +300,18 @@ class NvmlBackend:
             row_remap_failure=None if remap is None else bool(remap[3]),
             performance_state=None if pstate is None or pstate == pynvml.NVML_PSTATE_UNKNOWN else int(pstate),
             fan_speed_ratio=None if fan is None else fan / 100.0,
+            profiling=profiling,
         )
         return ReadResult(reading, tuple(c.errors))
+
+    def _profiling(self, c: Calls) -> ProfilingReading | None:
+        if self.profiler is not None:
+            try:
+                return self.profiler.read(c.dev.info.uuid)
+            except DcgmReadError as exc:
+                c.errors.append(ReadError("dcgm", "DcgmReadError", str(exc)))
+                return None
+        return gpm.read(c, self.clock()) if self.gpm else None
 
     @staticmethod
     def _newer_or_older(

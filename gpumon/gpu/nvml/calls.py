@@ -17,6 +17,7 @@ from gpumon.gpu.backend import Device
 from gpumon.gpu.types import DeviceDown, GpuInfo, ReadError, Support
 
 if TYPE_CHECKING:
+    from gpumon.gpu.nvml.gpm import Stream
     from gpumon.gpu.nvml.pcie import DaemonPool
 
 log = logging.getLogger("gpumon.nvml")
@@ -60,6 +61,7 @@ class NvmlDevice(Device):
         self.fields_version = -1
         self.pcie_pool: DaemonPool | None = None
         self.pcie_pending: tuple[concurrent.futures.Future, concurrent.futures.Future] | None = None
+        self.gpm: dict[int | None, Stream] = {}  # GPM sample pairs: whole GPU (None) or MIG GPU instance
 
 
 class Calls:

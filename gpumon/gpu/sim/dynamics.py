@@ -117,6 +117,7 @@ class DeviceState:
     """Current physical values of one simulated GPU (base units; the NVML facade converts)."""
 
     __slots__ = (
+        "activity",
         "ecc_aggregate",
         "ecc_volatile",
         "energy_j",
@@ -174,6 +175,8 @@ class DeviceState:
         self.remap = [0, 0, 0, 0]  # correctable, uncorrectable, pending, failure
         self.pstate = 0
         self.fan_ratio = 0.30
+        # ratio-seconds each profiling unit was active, cumulative (what GPM samples difference)
+        self.activity = dict.fromkeys(ACTIVITY_UNITS, 0.0)
 
 
 # phase → (power share of TDP, util, memory-controller util, NVLink share of link bandwidth,
@@ -185,6 +188,18 @@ _PHASE_LOAD = {
     ALLREDUCE: (0.55, 0.92, 0.22, 0.82, 0.3e9, 0.05e9),
     DATA_WAIT: (0.24, 0.04, 0.02, 0.0, 6.0e9, 0.05e9),
     CHECKPOINT: (0.30, 0.15, 0.18, 0.0, 0.2e9, 11.0e9),
+}
+
+
+# GPM's units; per phase, the share of time each was active (tensor-heavy compute, memory-bound all-reduce)
+ACTIVITY_UNITS = ("graphics", "sm", "occupancy", "tensor", "dram", "fp64", "fp32", "fp16")
+_PHASE_ACTIVITY = {
+    IDLE: (0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0),
+    LOADING: (0.12, 0.08, 0.04, 0.0, 0.05, 0.0, 0.03, 0.01),
+    COMPUTE: (0.99, 0.93, 0.55, 0.62, 0.38, 0.0, 0.08, 0.05),
+    ALLREDUCE: (0.92, 0.35, 0.20, 0.02, 0.55, 0.0, 0.06, 0.01),
+    DATA_WAIT: (0.04, 0.02, 0.01, 0.01, 0.02, 0.0, 0.01, 0.0),
+    CHECKPOINT: (0.15, 0.10, 0.05, 0.0, 0.18, 0.0, 0.02, 0.0),
 }
 
 
@@ -248,6 +263,8 @@ class TrainingDynamics:
         noise = rng.gauss(0.0, 0.01)
         s.util = min(1.0, max(0.0, util + noise))
         s.mem_util = min(1.0, max(0.0, mem_util + noise * 0.5))
+        for unit, share in zip(ACTIVITY_UNITS, _PHASE_ACTIVITY[phase], strict=True):
+            s.activity[unit] += min(1.0, max(0.0, share + noise)) * DT if share else 0.0
 
         target_temp = 27.0 + 48.0 * s.power_w / m.tdp_watts + (12.0 if thermal else 0.0)
         s.temp_c += (target_temp - s.temp_c) * (1.0 - math.exp(-DT / 15.0))

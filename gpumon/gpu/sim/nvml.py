@@ -22,6 +22,7 @@ from gpumon.gpu.sim.catalog import MiB, SimModel, parse_spec
 from gpumon.gpu.sim.dynamics import DeviceState, NodeWorkload, TrainingDynamics, _mix
 from gpumon.gpu.sim.events import SimEvents
 from gpumon.gpu.sim.faults import Faults
+from gpumon.gpu.sim.gpm import SimGpm
 from gpumon.gpu.types import THROTTLE_REASONS
 
 UINT_MAX = 0xFFFFFFFF
@@ -82,7 +83,7 @@ class SimGpu:
         return f"<SimGpu {self.index} {self.model.key}>"
 
 
-class SimNvml(SimEvents):
+class SimNvml(SimEvents, SimGpm):
     """Stands in for the ``pynvml`` module. Pass it wherever gpumon takes an NVML module."""
 
     simulated = True  # how the backend tells (gpumon_build_info{backend="sim"}); pynvml has no such name
@@ -116,6 +117,7 @@ class SimNvml(SimEvents):
         self._init_count = 0
         self._init_lock = threading.Lock()
         self._events_init()
+        self._gpm_init()
 
     # -- pynvml's constants, structures and exceptions are the real ones --------------------------------
     def __getattr__(self, name: str) -> Any:

@@ -1,0 +1,49 @@
+"""Fake of DCGM's ``dcgm_fields`` (NVIDIA/DCGM testing/python3/dcgm_fields.py): field types, entity groups
+and the field ids gpumon watches, with the real names and numbers.
+"""
+
+from __future__ import annotations
+
+from ctypes import c_uint32
+
+DCGM_FT_BINARY = "b"
+DCGM_FT_DOUBLE = "d"
+DCGM_FT_INT64 = "i"
+DCGM_FT_STRING = "s"
+DCGM_FT_TIMESTAMP = "t"
+
+DCGM_FE_NONE = 0
+DCGM_FE_GPU = 1
+DCGM_FE_VGPU = 2
+DCGM_FE_SWITCH = 3
+DCGM_FE_GPU_I = 4
+DCGM_FE_GPU_CI = 5
+
+c_dcgm_field_eid_t = c_uint32
+
+DCGM_FI_DEV_UUID = 54
+
+DCGM_FI_PROF_GR_ENGINE_ACTIVE = 1001
+DCGM_FI_PROF_SM_ACTIVE = 1002
+DCGM_FI_PROF_SM_OCCUPANCY = 1003
+DCGM_FI_PROF_PIPE_TENSOR_ACTIVE = 1004
+DCGM_FI_PROF_DRAM_ACTIVE = 1005
+DCGM_FI_PROF_PIPE_FP64_ACTIVE = 1006
+DCGM_FI_PROF_PIPE_FP32_ACTIVE = 1007
+DCGM_FI_PROF_PIPE_FP16_ACTIVE = 1008
+DCGM_FI_PROF_PCIE_TX_BYTES = 1009
+DCGM_FI_PROF_PCIE_RX_BYTES = 1010
+DCGM_FI_PROF_NVLINK_TX_BYTES = 1011
+DCGM_FI_PROF_NVLINK_RX_BYTES = 1012
+DCGM_FI_PROF_PIPE_TENSOR_IMMA_ACTIVE = 1013
+DCGM_FI_PROF_PIPE_TENSOR_HMMA_ACTIVE = 1014
+DCGM_FI_PROF_PIPE_TENSOR_DFMA_ACTIVE = 1015
+DCGM_FI_PROF_PIPE_INT_ACTIVE = 1016
+
+# As registered in the real dcgmlib (dcgm_fields.cpp): activities are doubles, byte rates int64.
+FAKE_FIELD_TYPES = {
+    **dict.fromkeys(range(DCGM_FI_PROF_GR_ENGINE_ACTIVE, DCGM_FI_PROF_PIPE_FP16_ACTIVE + 1), DCGM_FT_DOUBLE),
+    **dict.fromkeys(range(DCGM_FI_PROF_PCIE_TX_BYTES, DCGM_FI_PROF_NVLINK_RX_BYTES + 1), DCGM_FT_INT64),
+    **dict.fromkeys(range(1013, 1017), DCGM_FT_DOUBLE),
+    DCGM_FI_DEV_UUID: DCGM_FT_STRING,
+}
