@@ -16,6 +16,7 @@ from prometheus_client.exposition import choose_encoder
 from gpumon import __version__
 from gpumon.exposition import Renderer
 from gpumon.gpu.collector import SnapshotCollector
+from gpumon.gpu.compat_dcgm import DcgmCompatCollector
 from gpumon.gpu.snapshot import Snapshot, snapshot_json
 
 TEXT_0_0_4 = "text/plain; version=0.0.4; charset=utf-8"
@@ -23,9 +24,13 @@ _ESCAPING = re.compile(r"escaping=([\w-]+)")
 GZIP_LEVEL = 1  # exposition text compresses ~10x even at level 1; higher levels cost CPU for a few percent
 
 
-def build_registry(source: Callable[[], Snapshot | None]) -> CollectorRegistry:
+def build_registry(
+    source: Callable[[], Snapshot | None], *, owner_labels: bool = False, compat: str | None = None
+) -> CollectorRegistry:
     registry = CollectorRegistry()
-    registry.register(SnapshotCollector(source))
+    registry.register(SnapshotCollector(source, owner_labels=owner_labels))
+    if compat == "dcgm":  # dcgm-exporter's names beside ours, for dashboards built on them
+        registry.register(DcgmCompatCollector(source))
     ProcessCollector(registry=registry)
     return registry
 
@@ -49,8 +54,10 @@ def create_app(
     alive: Callable[[], bool],
     *,
     backend: str,
+    owner_labels: bool = False,
+    compat: str | None = None,
 ) -> FastAPI:
-    registry = build_registry(source)
+    registry = build_registry(source, owner_labels=owner_labels, compat=compat)
     app = FastAPI(title="gpumon", version=__version__, docs_url=None, redoc_url=None)
 
     renderer = Renderer()

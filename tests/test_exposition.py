@@ -15,8 +15,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from gpumon import metrics as M
 from gpumon.gpu import collector as collector_module
 from gpumon.gpu import xid
+from gpumon.gpu.attribution.owners import GpuOwnership, OwnedProcess
 from gpumon.gpu.collector import SnapshotCollector, build_families
 from gpumon.gpu.events import EventsView
+from gpumon.gpu.sim.catalog import MiB
+from gpumon.gpu.sim.processes import SimProcess
 from gpumon.gpu.snapshot import CollectorStatus
 from gpumon.gpu.types import ProfilingReading
 from gpumon.host import HostReading
@@ -59,8 +62,17 @@ def pinned(snap):
         xids={(u0, 79): 2, (u0, 13): 1},
         xid_last={(u0, 79): 1.7e9, (u0, 13): 1.6e9},
     )
+    owned = OwnedProcess(4321, "torchrun", "alice", "ab" * 32, "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0")
+    owned = dataclasses.replace(owned, namespace="research", pod="llama-0", container="trainer")
+    owners = {u0: GpuOwnership({4321: owned}, ("research", "llama-0", "trainer", ""))}
+    procs = tuple(dataclasses.replace(p, last_seen=1.7e9) for p in gpus[0].reading.processes)
+    gpus = (
+        dataclasses.replace(gpus[0], reading=dataclasses.replace(gpus[0].reading, processes=procs)),
+        *gpus[1:],
+    )
     return dataclasses.replace(
         snap,
+        owners=owners,
         timestamp=1.7e9,
         gpus=gpus,
         host=host,
@@ -80,6 +92,7 @@ def mixed_node(sims, samplers):
     sim = sims("1xH100-SXM,1xA100,1xRTX-A6000,1xH100-SXM", static=True)
     for i in range(3):
         set_state(sim, i)
+    sim.gpus[0].processes = [SimProcess(4321, 60_000 * MiB, 0.97, 0.41, name="torchrun")]
     sampler = samplers(sim, timeout=1.0)
     sampler.sweep()
     sim.faults.add("lost:3")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import re
 import subprocess
 import time
 
@@ -112,7 +113,10 @@ def test_values_change_between_sweeps_and_counters_grow(node) -> None:
 
 
 def test_a_lost_gpu_is_reported_while_the_daemon_keeps_serving(daemon) -> None:
-    d = daemon("--simulate", "4xH100-SXM", "--interval", "200ms", "--sim-fault", "lost:2@0.5+2")
+    # a generous deadline: on a loaded 2-core CI machine a healthy read can take longer than 100 ms
+    d = daemon(
+        "--simulate", "4xH100-SXM", "--interval", "250ms", "--timeout", "240ms", "--sim-fault", "lost:2@0.5+2"
+    )
     deadline = time.monotonic() + 10
     seen_down = seen_back = False
     while time.monotonic() < deadline and not seen_back:
@@ -181,3 +185,22 @@ def test_escaping_schemes_the_renderer_does_not_write_use_prometheus_clients_enc
     assert "gpumon__gpu__up{" in r.text  # dots escaping doubles underscores, as prometheus_client writes it
     r = node.get("/metrics", headers={"Accept": "text/plain; version=1.0.0; escaping=underscores"})
     assert "gpumon_gpu_up{" in r.text
+
+
+def test_deep_telemetry_end_to_end_xid_compat_and_owner_labels(daemon) -> None:
+    d = daemon(
+        "--simulate", "2xH100-SXM", "--interval", "200ms", "--compat", "dcgm", "--owner-labels",
+        "--sim-fault", "xid:1:79@1",
+    )  # fmt: skip
+    deadline = time.monotonic() + 10
+    text = ""
+    while time.monotonic() < deadline and 'xid="79"' not in text:
+        text = d.get("/metrics").text
+        time.sleep(0.1)
+    assert re.search(r'gpumon_gpu_xid_errors_total\{.*gpu="1".*xid="79"\} 1\.0', text)
+    assert "DCGM_FI_DEV_XID_ERRORS{" in text and "DCGM_FI_DEV_GPU_UTIL{" in text
+    owner = r'gpumon_gpu_power_watts\{container="trainer",gpu="0",namespace="ml-train",pod="llm-'
+    assert re.search(owner, text)
+    assert re.search(r'gpumon_process_info\{[^}]*pod="llm-pretrain-\d+-worker-0"', text)
+    gpus = d.get("/v1/gpus").json()["gpus"]
+    assert gpus[0]["capabilities"]["events"] == "supported" and gpus[0]["capabilities"]["gpm"] == "supported"

@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import atexit
 import logging
+import os
 
 from gpumon.config import DEFAULT_SIMULATION, Settings
+from gpumon.gpu.attribution.kubelet import PodResources
+from gpumon.gpu.attribution.owners import Attributor
+from gpumon.gpu.attribution.proc import ProcessResolver
 from gpumon.gpu.dcgm import DcgmSource
 from gpumon.gpu.events import EventWatcher
 from gpumon.gpu.nvml import NvmlBackend
@@ -94,6 +99,23 @@ def simulated_backend(spec: str, settings: Settings) -> NvmlBackend:
     return NvmlBackend(sim)
 
 
+def attributor(backend: NvmlBackend, settings: Settings) -> Attributor:
+    """Owners from /proc and the kubelet; the simulator brings its own /proc tree and pod allocation."""
+    nv = backend.nv
+    if isinstance(nv, SimNvml):
+        atexit.register(nv.remove_proc_root)
+        return Attributor(ProcessResolver(nv.proc_root()), nv.pod_owners)
+    pods = None
+    if settings.kubelet_socket and os.path.exists(settings.kubelet_socket):
+        lister = PodResources(settings.kubelet_socket)
+        if lister.available:
+            lister.start()
+            pods = lister.owners
+        else:
+            log.info("kubelet socket found but %s", lister.reason)
+    return Attributor(ProcessResolver(settings.proc_root), pods)
+
+
 def _try_dcgm(backend: NvmlBackend, sampler: Sampler, settings: Settings) -> None:
     """DCGM's profiling fields instead of GPM where a host engine serves them; NVML carries on without."""
     source = DcgmSource(settings.dcgm_address, update_interval=settings.interval)
@@ -109,12 +131,15 @@ def open_sampler(settings: Settings, command: str) -> Sampler:
 
     def opened(backend: NvmlBackend) -> Sampler:
         backend.gpm = settings.profiling in ("auto", "gpm")
+        backend.processes = settings.processes
         sampler = Sampler(backend, interval=settings.interval, timeout=settings.deadline)
         sampler.open()
         if settings.profiling in ("auto", "dcgm") and backend.name == "nvml":
             _try_dcgm(backend, sampler, settings)
         if settings.events:
             sampler.events = EventWatcher(backend.nv, sampler.devices)
+        if settings.processes:
+            sampler.attributor = attributor(backend, settings)
         return sampler
 
     if settings.simulated:

@@ -35,7 +35,13 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
     sock = bind(settings.listen)  # first: a busy port should fail before NVML takes seconds to start
     sampler = open_sampler(settings, "serve")
     backend = sampler.backend.name
-    app = create_app(lambda: sampler.snapshot, sampler.alive, backend=backend)
+    app = create_app(
+        lambda: sampler.snapshot,
+        sampler.alive,
+        backend=backend,
+        owner_labels=settings.owner_labels,
+        compat=settings.compat,
+    )
     sampler.start()
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host

@@ -17,12 +17,15 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from gpumon import __version__
 from gpumon import metrics as M
 from gpumon.gpu import xid as xids
+from gpumon.gpu.attribution.owners import OWNER_LABELS, GpuOwnership, OwnedProcess
 from gpumon.gpu.events import EventsView
 from gpumon.gpu.snapshot import GpuStatus, Snapshot
 from gpumon.gpu.types import THROTTLE_REASONS
 
 Family = GaugeMetricFamily | CounterMetricFamily
 _ECC_TYPES = ("corrected", "uncorrected")
+# series that already say who owns what, or are not about one GPU's work
+_OWNER_EXEMPT = {M.GPU_INFO.name, M.GPU_OWNER.name, M.PROCESS_INFO.name, M.ERRORS.name}
 
 
 def _family(m: M.Metric) -> Family:
@@ -99,6 +102,61 @@ def _add_gpu(f: dict[str, Family], st: GpuStatus) -> None:
             f[M.NVL_LINK_RX.name].add_metric(ll, link.receive_bytes)
 
 
+def _add_processes(f: dict[str, Family], st: GpuStatus, ownership: GpuOwnership | None) -> None:
+    gl = [str(st.info.index), st.info.uuid]
+    if ownership is not None and ownership.owner is not None:
+        f[M.GPU_OWNER.name].add_metric([*gl, *ownership.owner], 1)
+    procs = st.reading.processes if st.reading is not None else None
+    if procs is None:
+        return
+    f[M.GPU_PROCESSES.name].add_metric(gl, len(procs))
+    owned = ownership.processes if ownership is not None else {}
+    for p in procs:
+        pl = [*gl, str(p.pid)]
+        o = owned.get(p.pid) or OwnedProcess(p.pid)
+        f[M.PROCESS_INFO.name].add_metric(
+            [
+                *pl,
+                o.name,
+                o.user,
+                o.container_id,
+                o.pod_uid,
+                o.namespace,
+                o.pod,
+                o.container,
+                o.slurm_job_id,
+                "" if p.gpu_instance_id is None else str(p.gpu_instance_id),
+                "" if p.compute_instance_id is None else str(p.compute_instance_id),
+            ],
+            1,
+        )
+        for metric, value in (
+            (M.PROCESS_MEMORY, p.used_memory_bytes),
+            (M.PROCESS_SM, p.sm_utilization_ratio),
+            (M.PROCESS_MEM_UTIL, p.memory_utilization_ratio),
+            (M.PROCESS_LAST_SEEN, p.last_seen),
+        ):
+            if value is not None:
+                f[metric.name].add_metric(pl, value)
+
+
+def _with_owner_labels(families: list[Metric], snap: Snapshot) -> None:
+    """Append the GPU's owner labels to every per-GPU series: one label set per GPU at a time, so the
+    series count stays what it was (a new owner replaces the old series, it does not add to them)."""
+    owners = snap.owners or {}
+    extra = {
+        uuid: dict(zip(OWNER_LABELS, o.owner or ("", "", "", ""), strict=True)) for uuid, o in owners.items()
+    }
+    blank = dict.fromkeys(OWNER_LABELS, "")
+    for fam in families:
+        if fam.name in _OWNER_EXEMPT:
+            continue
+        fam.samples = [
+            s._replace(labels={**s.labels, **extra.get(s.labels["uuid"], blank)}) if "uuid" in s.labels else s
+            for s in fam.samples
+        ]
+
+
 def _add_events(f: dict[str, Family], ev: EventsView, index: dict[str, str]) -> None:
     for uuid, labels in ev.registered.items():
         for label in labels:
@@ -119,7 +177,7 @@ def _add_events(f: dict[str, Family], ev: EventsView, index: dict[str, str]) -> 
         )
 
 
-def build_families(snap: Snapshot) -> list[Metric]:
+def build_families(snap: Snapshot, *, owner_labels: bool = False) -> list[Metric]:
     f: dict[str, Family] = {m.name: _family(m) for m in M.REGISTRY}
     f[M.BUILD_INFO.name].add_metric([__version__, platform.python_version(), snap.backend], 1)
     d = snap.driver
@@ -135,6 +193,7 @@ def build_families(snap: Snapshot) -> list[Metric]:
         f[M.ERRORS.name].add_metric(list(key), count)
     for st in snap.gpus:
         _add_gpu(f, st)
+        _add_processes(f, st, None if snap.owners is None else snap.owners.get(st.info.uuid))
     if snap.events is not None:
         _add_events(f, snap.events, {st.info.uuid: str(st.info.index) for st in snap.gpus})
     h = snap.host
@@ -150,14 +209,18 @@ def build_families(snap: Snapshot) -> list[Metric]:
         ):
             f[metric.name].add_metric([], value)
     # a family without samples is a quantity nobody here supports: leave it out entirely
-    return [fam for fam in f.values() if fam.samples]
+    families: list[Metric] = [fam for fam in f.values() if fam.samples]
+    if owner_labels:
+        _with_owner_labels(families, snap)
+    return families
 
 
 class SnapshotCollector:
     """A prometheus_client collector over whatever snapshot ``source`` returns."""
 
-    def __init__(self, source: Callable[[], Snapshot | None]) -> None:
+    def __init__(self, source: Callable[[], Snapshot | None], *, owner_labels: bool = False) -> None:
         self.source = source
+        self.owner_labels = owner_labels
         self._lock = threading.Lock()
         self._for: Snapshot | None = None
         self._families: list[Metric] = []
@@ -172,6 +235,6 @@ class SnapshotCollector:
             return iter(())
         with self._lock:
             if snap is not self._for:
-                self._families = build_families(snap)
+                self._families = build_families(snap, owner_labels=self.owner_labels)
                 self._for = snap
             return iter(self._families)

@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 
+from gpumon.gpu.attribution.owners import Attributor, GpuOwnership
 from gpumon.gpu.backend import Backend, Device
 from gpumon.gpu.events import EventsView, EventWatcher
 from gpumon.gpu.snapshot import CollectorStatus, ErrorKey, GpuStatus, Snapshot
@@ -105,6 +106,7 @@ class Sampler:
         host: HostSampler | None = None,
         clock: Callable[[], float] = time.monotonic,
         events: EventWatcher | None = None,
+        attributor: Attributor | None = None,
     ) -> None:
         if interval <= 0:
             raise ValueError("interval must be positive")
@@ -116,6 +118,7 @@ class Sampler:
         self.host = host if host is not None else HostSampler()
         self.clock = clock  # schedules backoff and rediscovery; tests pass a manual clock
         self.events = events  # the NVML event watcher, started and stopped with sampling
+        self.attributor = attributor  # who owns each GPU process
         self._done = threading.Condition()
         self._workers: list[_Worker] = []
         self._health: dict[str, _GpuHealth] = {}
@@ -258,6 +261,7 @@ class Sampler:
         gpu_elapsed = time.monotonic() - started
         statuses = tuple(self._status(w, seq, w in asked, events) for w in workers)
         self._maybe_discover(now)
+        owners, owners_status = self._attribute(statuses)
 
         snap = Snapshot(
             timestamp=time.time(),
@@ -272,13 +276,28 @@ class Sampler:
                 CollectorStatus("gpu", True, gpu_elapsed),
                 host_status,
                 *(() if events is None else (CollectorStatus("events", events.running, 0.0),)),
+                *(() if owners_status is None else (owners_status,)),
             ),
             errors=MappingProxyType(dict(self._errors)),
             events=events,
+            owners=owners,
         )
         self._snapshot = snap  # one reference swap: a scrape sees the old snapshot or the new, never a mix
         self.last_sweep_monotonic = time.monotonic()
         return snap
+
+    def _attribute(
+        self, statuses: tuple[GpuStatus, ...]
+    ) -> tuple[Mapping[str, GpuOwnership] | None, CollectorStatus | None]:
+        if self.attributor is None:
+            return None, None
+        t0 = time.monotonic()
+        try:
+            owners = self.attributor.attribute(statuses)
+        except Exception as exc:  # /proc on an odd kernel: process series lose their owners, nothing else
+            self._count(("", "", "attribution", type(exc).__name__), str(exc))
+            return None, CollectorStatus("attribution", False, time.monotonic() - t0)
+        return owners, CollectorStatus("attribution", True, time.monotonic() - t0)
 
     def _read_host(self) -> tuple[HostReading | None, CollectorStatus]:
         t0 = time.monotonic()

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from gpumon.gpu.attribution.owners import GpuOwnership
 from gpumon.gpu.events import EventsView
 from gpumon.gpu.types import DriverInfo, GpuInfo, GpuReading
 from gpumon.host import HostReading
@@ -46,6 +47,7 @@ class Snapshot:
     collectors: tuple[CollectorStatus, ...]
     errors: Mapping[ErrorKey, int]
     events: EventsView | None = None  # None when the event watcher is off
+    owners: Mapping[str, GpuOwnership] | None = None  # uuid → processes' owners; None: attribution off
 
 
 def snapshot_json(snap: Snapshot) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from gpumon.metrics.links import *  # noqa: F403
 from gpumon.metrics.memory_errors import *  # noqa: F403
 from gpumon.metrics.profiling import *  # noqa: F403
 from gpumon.metrics.events import *  # noqa: F403
+from gpumon.metrics.processes import *  # noqa: F403
 from gpumon.metrics.host import *  # noqa: F403
 from gpumon.metrics.docs import PROCESS_METRICS, render_markdown
 # isort: on

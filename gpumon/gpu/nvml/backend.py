@@ -14,7 +14,7 @@ import pynvml
 from gpumon.gpu import fields as codec
 from gpumon.gpu.backend import Device
 from gpumon.gpu.dcgm import DcgmReadError, DcgmSource
-from gpumon.gpu.nvml import fieldvalues, gpm, pcie
+from gpumon.gpu.nvml import fieldvalues, gpm, pcie, processes
 from gpumon.gpu.nvml.calls import DOWN_ERRORS, SKIP, Calls, NvmlDevice, error_kind, scaled
 from gpumon.gpu.nvml.fieldvalues import (
     FI_MEMORY_TEMP,
@@ -49,12 +49,14 @@ class NvmlBackend:
         *,
         nvlink_state_every: int = 10,
         gpm: bool = True,
+        processes: bool = True,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.nv = nvml if nvml is not None else pynvml
         self.gpm = gpm  # read Hopper profiling counters through NVML GPM where the GPU has them
         self.profiler: DcgmSource | None = None  # when set, DCGM supplies profiling counters instead
         self.clock = clock  # spaces GPM samples; tests pass a manual clock
+        self.processes = processes  # list compute processes on each GPU
         # the simulator marks itself; real pynvml has no such attribute
         self.name = "sim" if getattr(self.nv, "simulated", False) else "nvml"
         self.nvlink_state_every = max(1, nvlink_state_every)
@@ -251,6 +253,7 @@ class NvmlBackend:
         if dev.info.nvlink_count and dev.reads % self.nvlink_state_every == 0:
             fieldvalues.read_link_states(c)
         profiling = self._profiling(c)
+        procs = processes.read(c) if self.processes else None
         pcie_tx_rate, pcie_rx_rate = pcie.finish(c, pcie_rates, deadline)
         dev.reads += 1
 
@@ -301,6 +304,7 @@ class NvmlBackend:
             performance_state=None if pstate is None or pstate == pynvml.NVML_PSTATE_UNKNOWN else int(pstate),
             fan_speed_ratio=None if fan is None else fan / 100.0,
             profiling=profiling,
+            processes=procs,
         )
         return ReadResult(reading, tuple(c.errors))
 

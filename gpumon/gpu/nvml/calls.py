@@ -61,6 +61,7 @@ class NvmlDevice(Device):
         self.fields_version = -1
         self.pcie_pool: DaemonPool | None = None
         self.pcie_pending: tuple[concurrent.futures.Future, concurrent.futures.Future] | None = None
+        self.process_samples_seen = 0  # newest per-process utilization sample read so far (µs)
         self.gpm: dict[int | None, Stream] = {}  # GPM sample pairs: whole GPU (None) or MIG GPU instance
 
 

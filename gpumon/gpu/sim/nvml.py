@@ -23,6 +23,7 @@ from gpumon.gpu.sim.dynamics import DeviceState, NodeWorkload, TrainingDynamics,
 from gpumon.gpu.sim.events import SimEvents
 from gpumon.gpu.sim.faults import Faults
 from gpumon.gpu.sim.gpm import SimGpm
+from gpumon.gpu.sim.processes import SimProcess, SimProcesses
 from gpumon.gpu.types import THROTTLE_REASONS
 
 UINT_MAX = 0xFFFFFFFF
@@ -74,6 +75,7 @@ class SimGpu:
         self.persistence_mode = pynvml.NVML_FEATURE_ENABLED
         self.unsupported: set[str | int] = {k for k, gap in _MODEL_GAPS.items() if gap(model)}
         self.lock = threading.Lock()
+        self.processes: list[SimProcess] | None = None  # a test's fixed process list; None: the job's
 
     @property
     def state(self) -> DeviceState:
@@ -83,7 +85,7 @@ class SimGpu:
         return f"<SimGpu {self.index} {self.model.key}>"
 
 
-class SimNvml(SimEvents, SimGpm):
+class SimNvml(SimEvents, SimGpm, SimProcesses):
     """Stands in for the ``pynvml`` module. Pass it wherever gpumon takes an NVML module."""
 
     simulated = True  # how the backend tells (gpumon_build_info{backend="sim"}); pynvml has no such name
@@ -118,6 +120,7 @@ class SimNvml(SimEvents, SimGpm):
         self._init_lock = threading.Lock()
         self._events_init()
         self._gpm_init()
+        self._processes_init()
 
     # -- pynvml's constants, structures and exceptions are the real ones --------------------------------
     def __getattr__(self, name: str) -> Any:

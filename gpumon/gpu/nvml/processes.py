@@ -1,0 +1,86 @@
+"""Compute processes on one GPU: their GPU memory and, where the driver keeps samples, SM and memory use.
+
+``nvmlDeviceGetProcessUtilization`` returns the driver's per-process samples newer than a timestamp we
+pass; each read asks for those since the newest one it has seen, so a process's figures are the mean
+over the interval. NOT_FOUND means no process ran any kernel since then: no samples, not an error.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+
+import pynvml
+
+from gpumon.gpu.nvml.calls import SKIP, Calls, error_kind
+from gpumon.gpu.types import ProcessReading, Support
+
+log = logging.getLogger("gpumon.nvml")
+
+NO_INSTANCE = 0xFFFFFFFF
+PID_MAX = 4194304  # the kernel's ceiling (pid_max on 64-bit): anything above is a garbled struct
+
+
+def read(c: Calls) -> tuple[ProcessReading, ...] | None:
+    dev = c.dev
+    procs = c.call("processes", "nvmlDeviceGetComputeRunningProcesses", dev.handle)
+    if procs is None:
+        return None
+    util = _utilization(c) if procs else {}
+    out: dict[int, ProcessReading] = {}
+    for p in procs:
+        pid = int(p.pid)
+        if not 0 < pid <= PID_MAX:  # some driver/binding pairs return garbage entries
+            log.debug("GPU %d: ignoring process entry with pid %d", dev.info.index, pid)
+            continue
+        mem = getattr(p, "usedGpuMemory", None)
+        gi = getattr(p, "gpuInstanceId", NO_INSTANCE)
+        ci = getattr(p, "computeInstanceId", NO_INSTANCE)
+        sm, mem_util, seen = util.get(pid, (None, None, None))
+        # the same pid on two MIG instances of one GPU would be two entries; keep the first
+        out.setdefault(
+            pid,
+            ProcessReading(
+                pid=pid,
+                used_memory_bytes=None if mem is None else float(mem),
+                gpu_instance_id=None if gi is None or gi >= NO_INSTANCE else int(gi),
+                compute_instance_id=None if ci is None or ci >= NO_INSTANCE else int(ci),
+                sm_utilization_ratio=sm,
+                memory_utilization_ratio=mem_util,
+                last_seen=seen,
+            ),
+        )
+    return tuple(out[pid] for pid in sorted(out))
+
+
+def _utilization(c: Calls) -> dict[int, tuple[float, float, float]]:
+    """pid → (SM ratio, memory ratio, unix time of the newest sample) over the samples since last read."""
+    dev = c.dev
+    if dev.support.get("process_utilization") in SKIP:
+        return {}
+    op = "nvmlDeviceGetProcessUtilization"
+    dev.begin(op)
+    try:
+        samples = c.nv.nvmlDeviceGetProcessUtilization(dev.handle, dev.process_samples_seen)
+    except pynvml.NVMLError as exc:
+        if error_kind(exc) == "NotFound":
+            return {}
+        c.failed("process_utilization", op, exc)
+        return {}
+    finally:
+        dev.end()
+    c.ok += 1
+    if dev.support.get("process_utilization") is not Support.SUPPORTED:
+        dev.set_support("process_utilization", Support.SUPPORTED)
+    acc: dict[int, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0, 0.0])  # sm, mem, n, newest
+    for s in samples:
+        a = acc[int(s.pid)]
+        a[0] += s.smUtil
+        a[1] += s.memUtil
+        a[2] += 1
+        a[3] = max(a[3], s.timeStamp)
+        dev.process_samples_seen = max(dev.process_samples_seen, int(s.timeStamp))
+    return {
+        pid: (min(1.0, sm / n / 100.0), min(1.0, mem / n / 100.0), newest / 1e6)
+        for pid, (sm, mem, n, newest) in acc.items()
+    }
