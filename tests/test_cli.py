@@ -158,6 +158,25 @@ def test_doctor_json() -> None:
     assert any("simulated" in a for a in doc["advice"])
 
 
+def test_doctor_reports_events_gpm_dcgm_and_mig() -> None:
+    result = run_gpumon("doctor", "--simulate", "1xH100-SXM,1xL4")
+    assert result.returncode == 0, result.stderr
+    lines = {
+        ln.split(":", 1)[0]: ln.split(":", 1)[1].strip() for ln in result.stdout.splitlines() if ":" in ln
+    }
+    assert lines["events"] == "watching 2 of 2 GPU(s)"
+    assert lines["profiling"] == "NVML GPM on GPU(s) 0"
+    assert lines["mig"].startswith("GPU 0 disabled; GPU 1 not supported")
+    gpm = next(ln for ln in result.stdout.splitlines() if ln.startswith("gpm "))
+    assert gpm.split()[1:] == ["yes", "-"]
+    off = json.loads(
+        run_gpumon("doctor", "--json", "--simulate", "1xH100-SXM", "--no-events", "--profiling", "off").stdout
+    )
+    assert off["telemetry"]["events"] == "off (--no-events)"
+    assert off["telemetry"]["profiling"] == "off (--profiling off)"
+    assert "gpm" not in off["gpus"][0]["capabilities"]
+
+
 def test_a_config_file_with_wrong_types_is_one_line_not_a_traceback(tmp_path) -> None:
     cfg = tmp_path / "gpumon.toml"
     cfg.write_text("interval = [1]\n")

@@ -202,5 +202,11 @@ def test_deep_telemetry_end_to_end_xid_compat_and_owner_labels(daemon) -> None:
     owner = r'gpumon_gpu_power_watts\{container="trainer",gpu="0",namespace="ml-train",pod="llm-'
     assert re.search(owner, text)
     assert re.search(r'gpumon_process_info\{[^}]*pod="llm-pretrain-\d+-worker-0"', text)
-    gpus = d.get("/v1/gpus").json()["gpus"]
+    body = d.get("/v1/gpus").json()
+    gpus = body["gpus"]
     assert gpus[0]["capabilities"]["events"] == "supported" and gpus[0]["capabilities"]["gpm"] == "supported"
+    (x,) = gpus[1]["xids"]
+    assert (x["code"], x["count"], x["severity"]) == (79, 1, "critical") and "bus" in x["description"]
+    assert body["events"]["recent"][-1]["xid_info"]["code"] == 79
+    assert gpus[0]["owner"]["owner"]["pod"].startswith("llm-pretrain-")
+    assert gpus[0]["owner"]["processes"][0]["pid"] >= 20000

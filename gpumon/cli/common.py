@@ -7,6 +7,8 @@ import atexit
 import logging
 import os
 
+import pynvml
+
 from gpumon.config import DEFAULT_SIMULATION, Settings
 from gpumon.gpu.attribution.kubelet import PodResources
 from gpumon.gpu.attribution.owners import Attributor
@@ -104,16 +106,53 @@ def attributor(backend: NvmlBackend, settings: Settings) -> Attributor:
     nv = backend.nv
     if isinstance(nv, SimNvml):
         atexit.register(nv.remove_proc_root)
-        return Attributor(ProcessResolver(nv.proc_root()), nv.pod_owners)
+        note = "simulated /proc tree and pod allocation"
+        return Attributor(ProcessResolver(nv.proc_root()), nv.pod_owners, note)
     pods = None
+    kubelet = "no kubelet pod-resources socket (pod names off)"
     if settings.kubelet_socket and os.path.exists(settings.kubelet_socket):
         lister = PodResources(settings.kubelet_socket)
         if lister.available:
             lister.start()
             pods = lister.owners
+            kubelet = f"pods from {settings.kubelet_socket}"
         else:
-            log.info("kubelet socket found but %s", lister.reason)
-    return Attributor(ProcessResolver(settings.proc_root), pods)
+            kubelet = f"kubelet socket found but {lister.reason}"
+            log.info("%s", kubelet)
+    return Attributor(ProcessResolver(settings.proc_root), pods, f"/proc at {settings.proc_root}; {kubelet}")
+
+
+def describe_sources(sampler: Sampler, settings: Settings) -> dict[str, str]:
+    """What ``gpumon doctor`` says about profiling and attribution on this node."""
+    out: dict[str, str] = {}
+    backend = sampler.backend
+    if isinstance(backend, NvmlBackend):
+        if backend.profiler is not None:
+            out["profiling"] = f"DCGM ({settings.dcgm_address or 'embedded host engine'})"
+        elif not backend.gpm:
+            out["profiling"] = "off (--profiling off)"
+        if backend.profiler_note:
+            out["dcgm"] = backend.profiler_note
+    if sampler.attributor is not None:
+        out["attribution"] = sampler.attributor.note
+    out["mig"] = _mig_modes(sampler)
+    return out
+
+
+def _mig_modes(sampler: Sampler) -> str:
+    """Each GPU's MIG mode, asked directly: per-instance series are not exported yet (docs/attribution.md)."""
+    nv = sampler.backend.nv if isinstance(sampler.backend, NvmlBackend) else None
+    if nv is None:
+        return "unknown"
+    modes = []
+    for dev in sampler.devices():
+        try:
+            current, _ = nv.nvmlDeviceGetMigMode(getattr(dev, "handle", None))
+            mode = "enabled" if current == pynvml.NVML_DEVICE_MIG_ENABLE else "disabled"
+        except (pynvml.NVMLError, AttributeError):
+            mode = "not supported"
+        modes.append(f"GPU {dev.info.index} {mode}")
+    return "; ".join(modes) + " (per-instance series are not exported yet)"
 
 
 def _try_dcgm(backend: NvmlBackend, sampler: Sampler, settings: Settings) -> None:
@@ -121,7 +160,9 @@ def _try_dcgm(backend: NvmlBackend, sampler: Sampler, settings: Settings) -> Non
     source = DcgmSource(settings.dcgm_address, update_interval=settings.interval)
     if source.open([d.info.uuid for d in sampler.devices()]):
         backend.profiler = source
-    elif settings.profiling == "dcgm":
+        return
+    backend.profiler_note = f"DCGM not used: {source.reason}"
+    if settings.profiling == "dcgm":
         log.warning("--profiling dcgm: DCGM is not usable (%s); no profiling counters", source.reason)
         backend.gpm = False
 

@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 import json
 import textwrap
+import time
+from collections.abc import Callable
 
-from gpumon.cli.common import open_sampler
+from gpumon.cli.common import describe_sources, open_sampler
 from gpumon.config import Settings
 from gpumon.gpu.doctor import Report, diagnose
 
@@ -26,13 +28,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(settings: Settings, args: argparse.Namespace) -> int:
     sampler = open_sampler(settings, "doctor")
     try:
+        if sampler.events is not None:
+            sampler.events.start()
+            _wait(lambda: sampler.events is not None and sampler.events.view().reason != "not started")
         sampler.sweep()
+        time.sleep(0.15)  # GPM differences two samples at least 100 ms apart
         snap = sampler.sweep()  # the second sweep probes fallbacks the first one discovered a need for
+        sources = describe_sources(sampler, settings)
     finally:
         sampler.stop()
-    report = diagnose(snap)
+    report = diagnose(snap, sources=sources)
     print(json.dumps(report.as_json(), indent=2) if args.json else render(report))
     return 0
+
+
+def _wait(cond: Callable[[], bool], timeout: float = 3.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond() and time.monotonic() < deadline:
+        time.sleep(0.02)
 
 
 def render(r: Report) -> str:
@@ -46,6 +59,8 @@ def render(r: Report) -> str:
     ]
     for path, state in r.devices.items():
         lines.append(f"device node:    {path} {state}")
+    for name, state in r.telemetry.items():
+        lines.append(f"{name + ':':<16}{state}")
     for g in r.gpus:
         pm = {True: "on", False: "OFF", None: "unknown"}[g["persistence_mode"]]
         status = "up" if g["up"] else f"DOWN ({g['down_reason']})"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import glob
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,6 +23,7 @@ class Report:
     quantities: list[str]
     devices: dict[str, str]
     uid: int
+    telemetry: dict[str, str] = field(default_factory=dict)  # deep telemetry sources and their state
     advice: list[str] = field(default_factory=list)
 
     def as_json(self) -> dict[str, Any]:
@@ -33,6 +35,7 @@ class Report:
             "identified": len(self.gpus),
             "uid": self.uid,
             "device_nodes": self.devices,
+            "telemetry": self.telemetry,
             "gpus": self.gpus,
             "advice": self.advice,
         }
@@ -54,7 +57,31 @@ def _by_state(caps: dict[str, str], state: Support) -> list[str]:
     return sorted(q for q, s in caps.items() if s == state.value)
 
 
-def diagnose(snap: Snapshot, *, check_devices: bool = True) -> Report:
+def telemetry(snap: Snapshot, sources: Mapping[str, str] | None = None) -> dict[str, str]:
+    """One line per deep-telemetry source: what it does on this node, or why not."""
+    out = dict(sources or {})
+    ev = snap.events
+    if ev is None:
+        out["events"] = "off (--no-events)"
+    elif ev.running:
+        n = len(ev.registered)
+        out["events"] = f"watching {n} of {len(snap.gpus)} GPU(s)" + (f"; {ev.reason}" if ev.reason else "")
+    else:
+        out["events"] = f"not running: {ev.reason}"
+    gpm = [st.info.index for st in snap.gpus if st.capabilities.get("gpm") == Support.SUPPORTED.value]
+    if "profiling" not in out:
+        out["profiling"] = (
+            f"NVML GPM on GPU(s) {', '.join(map(str, gpm))}" if gpm else "none (no GPU has GPM)"
+        )
+    if snap.owners is None:
+        out.setdefault("attribution", "off (--no-processes)")
+    order = ("events", "profiling", "dcgm", "attribution", "mig")
+    return {k: out[k] for k in sorted(out, key=lambda k: order.index(k) if k in order else len(order))}
+
+
+def diagnose(
+    snap: Snapshot, *, check_devices: bool = True, sources: Mapping[str, str] | None = None
+) -> Report:
     gpus: list[dict[str, Any]] = []
     for st in snap.gpus:
         gpus.append(
@@ -85,6 +112,7 @@ def diagnose(snap: Snapshot, *, check_devices: bool = True) -> Report:
         quantities=quantities,
         devices=device_access(nodes),
         uid=os.getuid(),
+        telemetry=telemetry(snap, sources),
     )
     report.advice = _advice(report, simulated)
     return report

@@ -6,7 +6,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from gpumon.gpu.attribution.owners import GpuOwnership
+from gpumon.gpu import xid
+from gpumon.gpu.attribution.owners import OWNER_LABELS, GpuOwnership
 from gpumon.gpu.events import EventsView
 from gpumon.gpu.types import DriverInfo, GpuInfo, GpuReading
 from gpumon.host import HostReading
@@ -69,12 +70,48 @@ def snapshot_json(snap: Snapshot) -> dict[str, Any]:
                 "sample_duration_seconds": st.duration_seconds,
                 "reading": None if st.reading is None else asdict(st.reading),
                 "capabilities": dict(st.capabilities),
+                "xids": _xids_json(snap, st.info.uuid),
+                "owner": _owner_json(snap, st.info.uuid),
             }
             for st in snap.gpus
         ],
+        "events": _events_json(snap),
         "host": None if snap.host is None else asdict(snap.host),
         "errors": [
             {"gpu": gpu, "uuid": uuid, "op": op, "error": kind, "count": count}
             for (gpu, uuid, op, kind), count in sorted(snap.errors.items())
         ],
     }
+
+
+def _xids_json(snap: Snapshot, uuid: str) -> list[dict[str, Any]]:
+    """This GPU's XIDs so far, each with what the catalogue says about it."""
+    ev = snap.events
+    if ev is None:
+        return []
+    return [
+        {**xid.as_json(code), "count": n, "last": ev.xid_last.get((u, code))}
+        for (u, code), n in sorted(ev.xids.items())
+        if u == uuid
+    ]
+
+
+def _events_json(snap: Snapshot) -> dict[str, Any] | None:
+    ev = snap.events
+    if ev is None:
+        return None
+    return {
+        "running": ev.running,
+        "reason": ev.reason,
+        "recent": [
+            {**asdict(e), "xid_info": None if e.xid is None else xid.as_json(e.xid)} for e in ev.recent
+        ],
+    }
+
+
+def _owner_json(snap: Snapshot, uuid: str) -> dict[str, Any] | None:
+    owned = None if snap.owners is None else snap.owners.get(uuid)
+    if owned is None:
+        return None
+    owner = dict(zip(OWNER_LABELS, owned.owner, strict=True)) if owned.owner else None
+    return {"owner": owner, "processes": [asdict(p) for p in owned.processes.values()]}

@@ -40,10 +40,14 @@ class Attributor:
     """Runs on the sampling thread after each sweep; /proc reads are cached per process lifetime."""
 
     def __init__(
-        self, resolver: ProcessResolver, pods: Callable[[], Mapping[str, PodOwner]] | None = None
+        self,
+        resolver: ProcessResolver,
+        pods: Callable[[], Mapping[str, PodOwner]] | None = None,
+        note: str = "",
     ) -> None:
         self.resolver = resolver
         self.pods = pods  # the kubelet's GPU → pod allocation (a cheap reference read), if any
+        self.note = note  # where owners come from, for gpumon doctor
 
     def attribute(self, gpus: Sequence[GpuStatus]) -> Mapping[str, GpuOwnership]:
         allocation = self.pods() if self.pods is not None else {}

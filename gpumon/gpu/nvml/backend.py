@@ -55,6 +55,7 @@ class NvmlBackend:
         self.nv = nvml if nvml is not None else pynvml
         self.gpm = gpm  # read Hopper profiling counters through NVML GPM where the GPU has them
         self.profiler: DcgmSource | None = None  # when set, DCGM supplies profiling counters instead
+        self.profiler_note = ""  # why DCGM is not in use, when it was tried
         self.clock = clock  # spaces GPM samples; tests pass a manual clock
         self.processes = processes  # list compute processes on each GPU
         # the simulator marks itself; real pynvml has no such attribute
