@@ -32,7 +32,10 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpumon.exposition import Renderer
+from gpumon.gpu.attribution.owners import Attributor
+from gpumon.gpu.attribution.proc import ProcessResolver
 from gpumon.gpu.collector import SnapshotCollector, build_families
+from gpumon.gpu.events import EventWatcher
 from gpumon.gpu.nvml import NvmlBackend
 from gpumon.gpu.sampler import Sampler
 from gpumon.gpu.sim import SimNvml
@@ -60,18 +63,31 @@ def machine() -> dict[str, str]:
     }
 
 
-def sampler_for(spec: str, *, static: bool, latency: dict[str, float] | None = None, interval: float = 1.0):
+def sampler_for(
+    spec: str,
+    *,
+    static: bool,
+    latency: dict[str, float] | None = None,
+    interval: float = 1.0,
+    deep: bool = True,
+):
+    """The sampler as ``gpumon serve`` builds it; ``deep=False`` leaves out GPM, processes and their
+    owners, and the event watcher, to price them side by side."""
     sim = SimNvml(spec, seed=1, static=static, warmup=0 if static else 120.0)
     if latency:
         sim.faults.latency.update(latency)
-    sampler = Sampler(NvmlBackend(sim), interval=interval)
+    backend = NvmlBackend(sim, gpm=deep, processes=deep)
+    sampler = Sampler(backend, interval=interval)
     sampler.open()
+    if deep:
+        sampler.events = EventWatcher(sim, sampler.devices)
+        sampler.attributor = Attributor(ProcessResolver(sim.proc_root()), sim.pod_owners)
     return sampler
 
 
-def sampler_cpu(spec: str, *, static: bool, seconds: float) -> dict[str, float]:
+def sampler_cpu(spec: str, *, static: bool, seconds: float, deep: bool = True) -> dict[str, float]:
     """CPU seconds the whole process spends per wall second while the sampler runs at a 1 s interval."""
-    sampler = sampler_for(spec, static=static)
+    sampler = sampler_for(spec, static=static, deep=deep)
     sampler.sweep()  # first-sweep work (capability discovery) is not steady state
     sampler.start()
     time.sleep(1.5)
@@ -86,8 +102,10 @@ def sampler_cpu(spec: str, *, static: bool, seconds: float) -> dict[str, float]:
     }
 
 
-def sweep_wall(spec: str, *, latency: dict[str, float] | None, n: int = 50) -> dict[str, float]:
-    sampler = sampler_for(spec, static=True, latency=latency)
+def sweep_wall(
+    spec: str, *, latency: dict[str, float] | None, n: int = 50, deep: bool = True
+) -> dict[str, float]:
+    sampler = sampler_for(spec, static=True, latency=latency, deep=deep)
     sampler.sweep()
     times = []
     for _ in range(n):
@@ -260,6 +278,11 @@ def main() -> None:
     results = {"machine": machine()}
     results["cpu_fake_zero_latency"] = sampler_cpu("8xH100-SXM", static=True, seconds=args.seconds)
     results["cpu_sim_dynamics"] = sampler_cpu("8xH100-SXM", static=False, seconds=args.seconds)
+    # deep telemetry (GPM, processes and owners, events) priced side by side with the core alone
+    results["cpu_sim_dynamics_core_only"] = sampler_cpu(
+        "8xH100-SXM", static=False, seconds=args.seconds, deep=False
+    )
+    results["sweep_realistic_h100_core_only"] = sweep_wall("8xH100-SXM", latency=REALISTIC, deep=False)
     results["sweep_zero_latency"] = sweep_wall("8xH100-SXM", latency=None)
     results["sweep_realistic_h100"] = sweep_wall("8xH100-SXM", latency=REALISTIC)
     results["sweep_realistic_a100_fallback"] = sweep_wall("8xA100", latency=REALISTIC)

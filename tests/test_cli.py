@@ -166,7 +166,7 @@ def test_doctor_reports_events_gpm_dcgm_and_mig() -> None:
     }
     assert lines["events"] == "watching 2 of 2 GPU(s)"
     assert lines["profiling"] == "NVML GPM on GPU(s) 0"
-    assert lines["mig"].startswith("GPU 0 disabled; GPU 1 not supported")
+    assert lines["mig"] == "GPU 0 disabled; GPU 1 not supported"
     gpm = next(ln for ln in result.stdout.splitlines() if ln.startswith("gpm "))
     assert gpm.split()[1:] == ["yes", "-"]
     off = json.loads(

@@ -21,7 +21,7 @@ from gpumon.gpu.events import EventsView
 from gpumon.gpu.sim.catalog import MiB
 from gpumon.gpu.sim.processes import SimProcess
 from gpumon.gpu.snapshot import CollectorStatus
-from gpumon.gpu.types import ProfilingReading
+from gpumon.gpu.types import MigReading, ProfilingReading
 from gpumon.host import HostReading
 
 GOLDEN = Path(__file__).parent / "golden" / "metrics.prom"
@@ -66,10 +66,12 @@ def pinned(snap):
     owned = dataclasses.replace(owned, namespace="research", pod="llama-0", container="trainer")
     owners = {u0: GpuOwnership({4321: owned}, ("research", "llama-0", "trainer", ""))}
     procs = tuple(dataclasses.replace(p, last_seen=1.7e9) for p in gpus[0].reading.processes)
-    gpus = (
-        dataclasses.replace(gpus[0], reading=dataclasses.replace(gpus[0].reading, processes=procs)),
-        *gpus[1:],
+    mig = (
+        MigReading("MIG-5f20ae9a-fafe-9163-d971-b814e9e85212", 1, 0, "3g.40gb", 4.2e10, 1e10, profiling),
+        MigReading("MIG-a6ceea0e-5f7f-5dfd-daff-f11a7d94d6b3", 2, 0, "1g.10gb", 1.05e10, 0.0, None),
     )
+    reading = dataclasses.replace(gpus[0].reading, processes=procs, mig=mig)
+    gpus = (dataclasses.replace(gpus[0], reading=reading), *gpus[1:])
     return dataclasses.replace(
         snap,
         owners=owners,

@@ -140,7 +140,7 @@ def describe_sources(sampler: Sampler, settings: Settings) -> dict[str, str]:
 
 
 def _mig_modes(sampler: Sampler) -> str:
-    """Each GPU's MIG mode, asked directly: per-instance series are not exported yet (docs/attribution.md)."""
+    """Each GPU's MIG mode and, when on, how many MIG devices it has."""
     nv = sampler.backend.nv if isinstance(sampler.backend, NvmlBackend) else None
     if nv is None:
         return "unknown"
@@ -148,11 +148,14 @@ def _mig_modes(sampler: Sampler) -> str:
     for dev in sampler.devices():
         try:
             current, _ = nv.nvmlDeviceGetMigMode(getattr(dev, "handle", None))
-            mode = "enabled" if current == pynvml.NVML_DEVICE_MIG_ENABLE else "disabled"
+            mode = "disabled"
+            if current == pynvml.NVML_DEVICE_MIG_ENABLE:
+                n = len(getattr(dev, "mig_devices", None) or ())
+                mode = f"enabled, {n} MIG device(s)"
         except (pynvml.NVMLError, AttributeError):
             mode = "not supported"
         modes.append(f"GPU {dev.info.index} {mode}")
-    return "; ".join(modes) + " (per-instance series are not exported yet)"
+    return "; ".join(modes)
 
 
 def _try_dcgm(backend: NvmlBackend, sampler: Sampler, settings: Settings) -> None:

@@ -20,7 +20,7 @@ from gpumon.gpu import xid as xids
 from gpumon.gpu.attribution.owners import OWNER_LABELS, GpuOwnership, OwnedProcess
 from gpumon.gpu.events import EventsView
 from gpumon.gpu.snapshot import GpuStatus, Snapshot
-from gpumon.gpu.types import THROTTLE_REASONS
+from gpumon.gpu.types import THROTTLE_REASONS, MigReading
 
 Family = GaugeMetricFamily | CounterMetricFamily
 _ECC_TYPES = ("corrected", "uncorrected")
@@ -92,6 +92,7 @@ def _add_gpu(f: dict[str, Family], st: GpuStatus) -> None:
             value = getattr(p, attr)
             if value is not None:
                 f[metric.name].add_metric(gl, value)
+    _add_mig(f, gl, r.mig or ())
     for link in r.nvlinks:
         ll = [*gl, str(link.link)]
         if link.up is not None:
@@ -100,6 +101,25 @@ def _add_gpu(f: dict[str, Family], st: GpuStatus) -> None:
             f[M.NVL_LINK_TX.name].add_metric(ll, link.transmit_bytes)
         if link.receive_bytes is not None:
             f[M.NVL_LINK_RX.name].add_metric(ll, link.receive_bytes)
+
+
+def _add_mig(f: dict[str, Family], gl: list[str], migs: tuple[MigReading, ...]) -> None:
+    instances_done: set[int] = set()
+    for m in migs:
+        ml = [*gl, str(m.gpu_instance_id), str(m.compute_instance_id)]
+        f[M.MIG_INFO.name].add_metric([*ml, m.uuid, m.profile], 1)
+        if m.memory_total_bytes is not None:
+            f[M.MIG_MEM_TOTAL.name].add_metric(ml, m.memory_total_bytes)
+        if m.memory_used_bytes is not None:
+            f[M.MIG_MEM_USED.name].add_metric(ml, m.memory_used_bytes)
+        p = m.profiling
+        if p is None or m.gpu_instance_id in instances_done:  # GPM is per GPU instance, not per compute one
+            continue
+        instances_done.add(m.gpu_instance_id)
+        for metric, attr in M.MIG_PROFILING_FIELDS:
+            value = getattr(p, attr)
+            if value is not None:
+                f[metric.name].add_metric([*gl, str(m.gpu_instance_id)], value)
 
 
 def _add_processes(f: dict[str, Family], st: GpuStatus, ownership: GpuOwnership | None) -> None:
@@ -215,19 +235,18 @@ def build_families(snap: Snapshot, *, owner_labels: bool = False) -> list[Metric
     return families
 
 
-class SnapshotCollector:
-    """A prometheus_client collector over whatever snapshot ``source`` returns."""
+class PerSnapshotCollector:
+    """A prometheus_client collector over whatever snapshot ``source`` returns: families are built once per
+    snapshot and reused by every scrape until the next sweep replaces it."""
 
-    def __init__(self, source: Callable[[], Snapshot | None], *, owner_labels: bool = False) -> None:
+    def __init__(self, source: Callable[[], Snapshot | None]) -> None:
         self.source = source
-        self.owner_labels = owner_labels
         self._lock = threading.Lock()
         self._for: Snapshot | None = None
         self._families: list[Metric] = []
 
-    def describe(self) -> list[Metric]:
-        """Every family this collector can yield: lets ``name[]`` filtering and duplicate checks work."""
-        return [_family(m) for m in M.REGISTRY]
+    def build(self, snap: Snapshot, previous: Snapshot | None) -> list[Metric]:
+        raise NotImplementedError
 
     def collect(self) -> Iterator[Metric]:
         snap = self.source()
@@ -235,6 +254,21 @@ class SnapshotCollector:
             return iter(())
         with self._lock:
             if snap is not self._for:
-                self._families = build_families(snap, owner_labels=self.owner_labels)
+                self._families = self.build(snap, self._for)
                 self._for = snap
             return iter(self._families)
+
+
+class SnapshotCollector(PerSnapshotCollector):
+    """gpumon's own series."""
+
+    def __init__(self, source: Callable[[], Snapshot | None], *, owner_labels: bool = False) -> None:
+        super().__init__(source)
+        self.owner_labels = owner_labels
+
+    def describe(self) -> list[Metric]:
+        """Every family this collector can yield: lets ``name[]`` filtering and duplicate checks work."""
+        return [_family(m) for m in M.REGISTRY]
+
+    def build(self, snap: Snapshot, previous: Snapshot | None) -> list[Metric]:
+        return build_families(snap, owner_labels=self.owner_labels)

@@ -17,14 +17,14 @@ from __future__ import annotations
 import os
 import socket
 import sys
-import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client.core import Metric
 
 from gpumon.gpu import xid as xids
+from gpumon.gpu.collector import PerSnapshotCollector
 from gpumon.gpu.events import EventsView
 from gpumon.gpu.snapshot import GpuStatus, Snapshot
 from gpumon.gpu.types import GpuReading
@@ -259,29 +259,19 @@ def build_families(snap: Snapshot, hostname: str, previous: Snapshot | None = No
     return [fam for fam in f.values() if fam.samples]
 
 
-class DcgmCompatCollector:
-    """A prometheus_client collector of dcgm-exporter's series over whatever snapshot ``source`` returns."""
+class DcgmCompatCollector(PerSnapshotCollector):
+    """dcgm-exporter's series over whatever snapshot ``source`` returns."""
 
     def __init__(self, source: Callable[[], Snapshot | None], hostname: str | None = None) -> None:
-        self.source = source
+        super().__init__(source)
         self.hostname = node_hostname() if hostname is None else hostname
-        self._lock = threading.Lock()
-        self._for: Snapshot | None = None
-        self._families: list[Metric] = []
 
     def describe(self) -> list[Metric]:
         """Every family this collector can yield, for name[] filtering and the registry's duplicate check."""
         return [Metric(m.name, m.help, m.exposed_type) for m in MAPPING]
 
-    def collect(self) -> Iterator[Metric]:
-        snap = self.source()
-        if snap is None:
-            return iter(())
-        with self._lock:
-            if snap is not self._for:
-                self._families = build_families(snap, self.hostname, self._for)
-                self._for = snap
-            return iter(self._families)
+    def build(self, snap: Snapshot, previous: Snapshot | None) -> list[Metric]:
+        return build_families(snap, self.hostname, previous)
 
 
 _INTRO = """# dcgm-exporter compatibility (`--compat dcgm`)

@@ -108,6 +108,19 @@ class ProcessReading:
 
 
 @dataclass(frozen=True, slots=True)
+class MigReading:
+    """One MIG device (a compute instance in a GPU instance) of a GPU in MIG mode."""
+
+    uuid: str  # MIG-…: what CUDA_VISIBLE_DEVICES and the kubelet name it by
+    gpu_instance_id: int
+    compute_instance_id: int
+    profile: str  # e.g. "3g.40gb", from the MIG device's name
+    memory_total_bytes: float | None = None
+    memory_used_bytes: float | None = None
+    profiling: ProfilingReading | None = None  # GPM per GPU instance, where the GPU has GPM
+
+
+@dataclass(frozen=True, slots=True)
 class GpuReading:
     """One sample of one GPU. Counters are cumulative as the driver reports them."""
 
@@ -150,6 +163,7 @@ class GpuReading:
     fan_speed_ratio: float | None = None
     profiling: ProfilingReading | None = None
     processes: tuple[ProcessReading, ...] | None = None  # None: not read (unsupported); () none running
+    mig: tuple[MigReading, ...] | None = None  # None: MIG off or unsupported
 
 
 @dataclass(frozen=True, slots=True)

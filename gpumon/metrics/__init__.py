@@ -14,6 +14,7 @@ from gpumon.metrics.gpu import *  # noqa: F403
 from gpumon.metrics.links import *  # noqa: F403
 from gpumon.metrics.memory_errors import *  # noqa: F403
 from gpumon.metrics.profiling import *  # noqa: F403
+from gpumon.metrics.mig import *  # noqa: F403
 from gpumon.metrics.events import *  # noqa: F403
 from gpumon.metrics.processes import *  # noqa: F403
 from gpumon.metrics.host import *  # noqa: F403

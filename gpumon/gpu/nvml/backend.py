@@ -14,7 +14,7 @@ import pynvml
 from gpumon.gpu import fields as codec
 from gpumon.gpu.backend import Device
 from gpumon.gpu.dcgm import DcgmReadError, DcgmSource
-from gpumon.gpu.nvml import fieldvalues, gpm, pcie, processes
+from gpumon.gpu.nvml import fieldvalues, gpm, mig, pcie, processes
 from gpumon.gpu.nvml.calls import DOWN_ERRORS, SKIP, Calls, NvmlDevice, error_kind, scaled
 from gpumon.gpu.nvml.fieldvalues import (
     FI_MEMORY_TEMP,
@@ -218,6 +218,7 @@ class NvmlBackend:
         device.support_version += 1
         device.link_states = [None] * info.nvlink_count
         device.fields_version = -1
+        device.mig_devices = None  # a reset may come with a new MIG layout
         for stream in device.gpm.values():  # a reset GPU restarts its counters: no difference across it
             stream.previous_at = None
 
@@ -255,6 +256,7 @@ class NvmlBackend:
             fieldvalues.read_link_states(c)
         profiling = self._profiling(c)
         procs = processes.read(c) if self.processes else None
+        migs = mig.read(c, self.clock(), profiling=self.gpm and self.profiler is None)
         pcie_tx_rate, pcie_rx_rate = pcie.finish(c, pcie_rates, deadline)
         dev.reads += 1
 
@@ -306,6 +308,7 @@ class NvmlBackend:
             fan_speed_ratio=None if fan is None else fan / 100.0,
             profiling=profiling,
             processes=procs,
+            mig=migs,
         )
         return ReadResult(reading, tuple(c.errors))
 

@@ -18,6 +18,7 @@ from gpumon.gpu.types import DeviceDown, GpuInfo, ReadError, Support
 
 if TYPE_CHECKING:
     from gpumon.gpu.nvml.gpm import Stream
+    from gpumon.gpu.nvml.mig import MigDevice
     from gpumon.gpu.nvml.pcie import DaemonPool
 
 log = logging.getLogger("gpumon.nvml")
@@ -63,6 +64,7 @@ class NvmlDevice(Device):
         self.pcie_pending: tuple[concurrent.futures.Future, concurrent.futures.Future] | None = None
         self.process_samples_seen = 0  # newest per-process utilization sample read so far (µs)
         self.gpm: dict[int | None, Stream] = {}  # GPM sample pairs: whole GPU (None) or MIG GPU instance
+        self.mig_devices: list[MigDevice] | None = None  # the MIG layout, re-enumerated now and then
 
 
 class Calls:

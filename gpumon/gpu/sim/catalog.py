@@ -8,7 +8,7 @@ the same NOT_SUPPORTED paths that real fleets do.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 MiB = 1024 * 1024
 
@@ -37,6 +37,7 @@ class SimModel:
     ecc: bool = True
     remapped_rows: bool = True
     mig: bool = False
+    mig_layout: tuple[str, ...] = ()  # MIG instances (profiles such as "3g.40gb"); empty: MIG off
 
     @property
     def gpm(self) -> bool:
@@ -241,7 +242,8 @@ ALIASES = {
     "A100-SXM": "A100-SXM4-80GB",
 }
 
-_GROUP = re.compile(r"^\s*(?:(\d+)\s*[xX]\s*)?([A-Za-z0-9][A-Za-z0-9-]*)\s*$")
+_GROUP = re.compile(r"^\s*(?:(\d+)\s*[xX]\s*)?([A-Za-z0-9][A-Za-z0-9-]*)(?:/mig=([\w.+]+))?\s*$")
+_PROFILE = re.compile(r"^([1-7])g\.(\d+)gb$")
 
 
 class SpecError(ValueError):
@@ -258,8 +260,25 @@ def lookup(key: str) -> SimModel:
     raise SpecError(f"unknown GPU model {key!r}; known: {', '.join(MODELS)}")
 
 
+def _with_mig(model: SimModel, layout: str, spec: str) -> SimModel:
+    profiles = tuple(layout.split("+"))
+    if not model.mig:
+        raise SpecError(f"bad simulation spec {spec!r}: {model.key} has no MIG")
+    slices = gigabytes = 0
+    for profile in profiles:
+        m = _PROFILE.match(profile)
+        if not m:
+            raise SpecError(f"bad simulation spec {spec!r}: MIG profile {profile!r} is not like 3g.40gb")
+        slices += int(m.group(1))
+        gigabytes += int(m.group(2))
+    if slices > 7 or gigabytes * 1000 > model.memory_mib * 1.05:
+        raise SpecError(f"bad simulation spec {spec!r}: the MIG instances do not fit in one {model.key}")
+    return replace(model, mig_layout=profiles)
+
+
 def parse_spec(spec: str) -> list[SimModel]:
-    """``"8xH100-SXM"`` or ``"4xH100-SXM,2xL4"`` → one model per simulated GPU, in index order."""
+    """``"8xH100-SXM"``, ``"4xH100-SXM,2xL4"`` or ``"1xH100-SXM/mig=3g.40gb+3g.40gb"`` → one model per
+    simulated GPU, in index order."""
     gpus: list[SimModel] = []
     for part in spec.split(","):
         match = _GROUP.match(part)
@@ -268,7 +287,10 @@ def parse_spec(spec: str) -> list[SimModel]:
         count = int(match.group(1) or 1)
         if not 1 <= count <= 64:
             raise SpecError(f"bad simulation spec {spec!r}: GPU count must be 1..64")
-        gpus.extend([lookup(match.group(2))] * count)
+        model = lookup(match.group(2))
+        if match.group(3):
+            model = _with_mig(model, match.group(3), spec)
+        gpus.extend([model] * count)
     if len(gpus) > 64:
         raise SpecError(f"bad simulation spec {spec!r}: at most 64 GPUs per node")
     return gpus

@@ -23,6 +23,7 @@ from gpumon.gpu.sim.dynamics import DeviceState, NodeWorkload, TrainingDynamics,
 from gpumon.gpu.sim.events import SimEvents
 from gpumon.gpu.sim.faults import Faults
 from gpumon.gpu.sim.gpm import SimGpm
+from gpumon.gpu.sim.mig import SimMig, SimMigDevice, mig_devices
 from gpumon.gpu.sim.processes import SimProcess, SimProcesses
 from gpumon.gpu.types import THROTTLE_REASONS
 
@@ -76,6 +77,7 @@ class SimGpu:
         self.unsupported: set[str | int] = {k for k, gap in _MODEL_GAPS.items() if gap(model)}
         self.lock = threading.Lock()
         self.processes: list[SimProcess] | None = None  # a test's fixed process list; None: the job's
+        self.mig: list[SimMigDevice] = mig_devices(self, seed)
 
     @property
     def state(self) -> DeviceState:
@@ -85,7 +87,7 @@ class SimGpu:
         return f"<SimGpu {self.index} {self.model.key}>"
 
 
-class SimNvml(SimEvents, SimGpm, SimProcesses):
+class SimNvml(SimEvents, SimMig, SimGpm, SimProcesses):
     """Stands in for the ``pynvml`` module. Pass it wherever gpumon takes an NVML module."""
 
     simulated = True  # how the backend tells (gpumon_build_info{backend="sim"}); pynvml has no such name
@@ -204,10 +206,15 @@ class SimNvml(SimEvents, SimGpm, SimProcesses):
         raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
 
     # -- identity --------------------------------------------------------------------------------------
-    def nvmlDeviceGetUUID(self, handle: SimGpu) -> str:
+    def nvmlDeviceGetUUID(self, handle: SimGpu | SimMigDevice) -> str:
+        if isinstance(handle, SimMigDevice):
+            return self._mig(handle, "nvmlDeviceGetUUID").uuid
         return self._gpu(handle, "nvmlDeviceGetUUID").uuid
 
-    def nvmlDeviceGetName(self, handle: SimGpu) -> str:
+    def nvmlDeviceGetName(self, handle: SimGpu | SimMigDevice) -> str:
+        if isinstance(handle, SimMigDevice):
+            mig = self._mig(handle, "nvmlDeviceGetName")
+            return f"{mig.parent.model.nvml_name} MIG {mig.profile}"
         return self._gpu(handle, "nvmlDeviceGetName").model.nvml_name
 
     def nvmlDeviceGetIndex(self, handle: SimGpu) -> int:
@@ -235,19 +242,22 @@ class SimNvml(SimEvents, SimGpm, SimProcesses):
     def nvmlDeviceGetPersistenceMode(self, handle: SimGpu) -> int:
         return self._gpu(handle, "nvmlDeviceGetPersistenceMode").persistence_mode
 
-    def nvmlDeviceGetMigMode(self, device: SimGpu) -> list[int]:
-        self._gpu(device, "nvmlDeviceGetMigMode")
-        return [pynvml.NVML_DEVICE_MIG_DISABLE, pynvml.NVML_DEVICE_MIG_DISABLE]
-
     # -- readings --------------------------------------------------------------------------------------
     def nvmlDeviceGetUtilizationRates(self, handle: SimGpu) -> Any:
-        s = self._gpu(handle, "nvmlDeviceGetUtilizationRates").state
+        gpu = self._gpu(handle, "nvmlDeviceGetUtilizationRates")
+        if gpu.mig:  # NVML has no whole-GPU utilisation under MIG
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        s = gpu.state
         util = pynvml.c_nvmlUtilization_t()
         util.gpu = round(s.util * 100)
         util.memory = round(s.mem_util * 100)
         return util
 
-    def nvmlDeviceGetMemoryInfo(self, handle: SimGpu, version: int | None = None) -> Any:
+    def nvmlDeviceGetMemoryInfo(self, handle: SimGpu | SimMigDevice, version: int | None = None) -> Any:
+        if isinstance(handle, SimMigDevice):
+            if version and version != pynvml.nvmlMemory_v2:
+                raise pynvml.NVMLError(pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
+            return self._mig_memory(handle, version)
         gpu = self._gpu(handle, "nvmlDeviceGetMemoryInfo")
         total = gpu.model.memory_mib * MiB
         reserved = gpu.model.reserved_mib * MiB
@@ -343,7 +353,10 @@ class SimNvml(SimEvents, SimGpm, SimProcesses):
         return counts[errorType]
 
     def nvmlDeviceGetRemappedRows(self, device: SimGpu) -> tuple[int, int, int, int]:
-        corr, unc, pending, failure = self._gpu(device, "nvmlDeviceGetRemappedRows").state.remap
+        gpu = self._gpu(device, "nvmlDeviceGetRemappedRows")
+        if gpu.mig:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        corr, unc, pending, failure = gpu.state.remap
         return corr, unc, pending, failure
 
     def nvmlDeviceGetFieldValues(self, handle: SimGpu, fieldIds: list[Any]) -> Any:

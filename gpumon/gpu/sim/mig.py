@@ -1,0 +1,109 @@
+"""MIG for the simulator: a GPU whose model carries a ``mig_layout`` runs in MIG mode with one GPU instance
+(and one compute instance) per profile, each with its own handle, UUID, name and memory.
+
+As on real boards, whole-GPU utilisation and row remapping answer NOT_SUPPORTED while MIG is on; memory,
+power, clocks and the rest stay per physical GPU.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING, Any
+
+import pynvml
+
+from gpumon.gpu.sim.catalog import MiB
+from gpumon.gpu.sim.dynamics import _mix
+
+if TYPE_CHECKING:
+    from gpumon.gpu.sim.nvml import SimGpu
+
+MAX_MIG_DEVICES = 7
+_GB = re.compile(r"\.(\d+)gb$")
+
+
+class SimMigDevice:
+    """The handle NVML gives for one MIG device (a compute instance inside a GPU instance)."""
+
+    def __init__(self, parent: SimGpu, slot: int, profile: str, seed: int) -> None:
+        self.parent = parent
+        self.slot = slot
+        self.profile = profile
+        self.gpu_instance_id = slot + 1  # NVML numbers GPU instances from 1 in placement order, roughly
+        self.compute_instance_id = 0
+        m = _GB.search(profile)
+        self.memory_bytes = int(m.group(1) if m else 10) * 1000 * MiB
+        h = f"{_mix(seed, parent.index, slot, 0x316):016x}{_mix(seed, parent.index, slot, 0x317):016x}"
+        self.uuid = f"MIG-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
+
+    def __repr__(self) -> str:
+        return f"<SimMigDevice {self.parent.index}/{self.slot} {self.profile}>"
+
+
+def mig_devices(gpu: SimGpu, seed: int) -> list[SimMigDevice]:
+    return [SimMigDevice(gpu, i, p, seed) for i, p in enumerate(gpu.model.mig_layout)]
+
+
+class SimMig:
+    """The MIG half of SimNvml."""
+
+    if TYPE_CHECKING:
+
+        def _gpu(self, handle: Any, op: str) -> SimGpu: ...
+
+    def _mig(self, handle: Any, op: str) -> SimMigDevice:
+        if not isinstance(handle, SimMigDevice):
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)  # a full GPU is not a MIG device
+        self._gpu(handle.parent, op)  # faults on the parent GPU apply to its instances too
+        return handle
+
+    def nvmlDeviceGetMigMode(self, device: SimGpu) -> list[int]:
+        gpu = self._gpu(device, "nvmlDeviceGetMigMode")
+        mode = pynvml.NVML_DEVICE_MIG_ENABLE if gpu.mig else pynvml.NVML_DEVICE_MIG_DISABLE
+        return [mode, mode]
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, device: SimGpu) -> int:
+        gpu = self._gpu(device, "nvmlDeviceGetMaxMigDeviceCount")
+        if not gpu.model.mig:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return MAX_MIG_DEVICES
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, device: SimGpu, index: int) -> SimMigDevice:
+        gpu = self._gpu(device, "nvmlDeviceGetMigDeviceHandleByIndex")
+        if not gpu.model.mig or not 0 <= index < MAX_MIG_DEVICES:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        if index >= len(gpu.mig):
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
+        return gpu.mig[index]
+
+    def nvmlDeviceIsMigDeviceHandle(self, device: Any) -> bool:
+        return isinstance(device, SimMigDevice)
+
+    def nvmlDeviceGetGpuInstanceId(self, device: SimMigDevice) -> int:
+        return self._mig(device, "nvmlDeviceGetGpuInstanceId").gpu_instance_id
+
+    def nvmlDeviceGetComputeInstanceId(self, device: SimMigDevice) -> int:
+        return self._mig(device, "nvmlDeviceGetComputeInstanceId").compute_instance_id
+
+    def nvmlDeviceGetDeviceHandleFromMigDeviceHandle(self, migDevice: SimMigDevice) -> SimGpu:
+        return self._mig(migDevice, "nvmlDeviceGetDeviceHandleFromMigDeviceHandle").parent
+
+    def _mig_share(self, gpu: SimGpu, instance: int) -> float:
+        """The share of the GPU's memory (and traffic) GPU instance ``instance`` has."""
+        total = sum(d.memory_bytes for d in gpu.mig)
+        for d in gpu.mig:
+            if d.gpu_instance_id == instance:
+                return d.memory_bytes / total
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
+
+    def _mig_memory(self, device: SimMigDevice, version: int | None) -> Any:
+        self._mig(device, "nvmlDeviceGetMemoryInfo")
+        parent = device.parent
+        share = self._mig_share(parent, device.gpu_instance_id)
+        used = min(int(parent.state.memory_used * share), device.memory_bytes)
+        mem = pynvml.c_nvmlMemory_v2_t() if version else pynvml.c_nvmlMemory_t()
+        if version:
+            mem.version = version
+            mem.reserved = 0
+        mem.total, mem.used, mem.free = device.memory_bytes, used, device.memory_bytes - used
+        return mem

@@ -1,0 +1,115 @@
+"""MIG through the simulated NVML: instances enumerated with their UUIDs and profiles, per-instance memory and
+GPM, whole-GPU utilisation absent (NVML does not give it under MIG), and the simulation spec syntax."""
+
+from __future__ import annotations
+
+import pynvml
+import pytest
+
+from gpumon.gpu.collector import build_families
+from gpumon.gpu.nvml import NvmlBackend
+from gpumon.gpu.sampler import Sampler
+from gpumon.gpu.sim.catalog import MiB, SpecError, parse_spec
+
+
+@pytest.fixture
+def mig_node(sims, clock):
+    made = []
+
+    def make(spec: str = "1xH100-SXM/mig=3g.40gb+2g.20gb+1g.10gb,1xH100-SXM"):
+        sim = sims(spec, static=True, clock=clock)
+        sampler = Sampler(NvmlBackend(sim, clock=clock), clock=clock, timeout=1.0)
+        sampler.open()
+        made.append(sampler)
+        return sim, sampler
+
+    yield make
+    for s in made:
+        s.stop()
+
+
+def test_instances_are_enumerated_with_uuid_profile_and_memory(mig_node) -> None:
+    sim, sampler = mig_node()
+    sim.gpus[0].state.memory_used = 60_000 * MiB
+    snap = sampler.sweep()
+    migs = snap.gpus[0].reading.mig
+    assert [(m.gpu_instance_id, m.compute_instance_id, m.profile) for m in migs] == [
+        (1, 0, "3g.40gb"),
+        (2, 0, "2g.20gb"),
+        (3, 0, "1g.10gb"),
+    ]
+    assert all(m.uuid.startswith("MIG-") for m in migs) and len({m.uuid for m in migs}) == 3
+    assert migs[0].memory_total_bytes == 40_000 * MiB
+    assert sum(m.memory_used_bytes for m in migs) == pytest.approx(60_000 * MiB, rel=1e-6)
+    assert snap.gpus[1].reading.mig is None  # MIG off on the other GPU
+
+
+def test_whole_gpu_utilisation_is_absent_under_mig_and_present_without(mig_node) -> None:
+    _, sampler = mig_node()
+    snap = sampler.sweep()
+    assert snap.gpus[0].reading.utilization_ratio is None
+    assert snap.gpus[0].capabilities["utilization"] == "not_supported"
+    assert snap.gpus[1].reading.utilization_ratio is not None
+    assert snap.gpus[0].reading.remapped_rows_correctable is None
+
+
+def test_per_instance_gpm_follows_the_instance(mig_node, clock) -> None:
+    sim, sampler = mig_node()
+    sampler.sweep()
+    sim.gpus[0].state.activity["tensor"] += 0.5
+    sim.gpus[0].state.pcie_rx_bytes += 70 * MiB
+    clock.advance(1.0)
+    snap = sampler.sweep()
+    by_gi = {m.gpu_instance_id: m.profiling for m in snap.gpus[0].reading.mig}
+    assert by_gi[1].tensor_active_ratio == pytest.approx(0.5)
+    # the simulator splits traffic by instance memory: 40 of 70 GB
+    assert by_gi[1].pcie_receive_bytes_per_second == pytest.approx(70 * MiB * 40 / 70)
+    fams = {f.name: f for f in build_families(snap)}
+    tensor = {s.labels["gpu_instance"]: s.value for s in fams["gpumon_mig_tensor_active_ratio"].samples}
+    assert tensor["1"] == pytest.approx(0.5) and set(tensor) == {"1", "2", "3"}
+    info = fams["gpumon_mig_info"].samples
+    assert {s.labels["profile"] for s in info} == {"3g.40gb", "2g.20gb", "1g.10gb"}
+    assert {s.labels["gpu"] for s in info} == {"0"}
+
+
+def test_the_layout_is_re_enumerated_now_and_then(mig_node, clock) -> None:
+    sim, sampler = mig_node("1xH100-SXM/mig=3g.40gb+3g.40gb")
+    assert len(sampler.sweep().gpus[0].reading.mig) == 2
+    sim.gpus[0].mig.pop()  # an operator destroyed an instance
+    for _ in range(10):
+        clock.advance(1.0)
+        snap = sampler.sweep()
+    assert len(snap.gpus[0].reading.mig) == 1
+
+
+def test_empty_slots_are_not_errors(mig_node) -> None:
+    _, sampler = mig_node()
+    assert not sampler.sweep().errors
+
+
+def test_mig_handles_answer_like_nvml(sims) -> None:
+    sim = sims("1xA100/mig=7g.80gb", static=True)
+    sim.nvmlInit()
+    h = sim.nvmlDeviceGetHandleByIndex(0)
+    assert sim.nvmlDeviceGetMigMode(h) == [pynvml.NVML_DEVICE_MIG_ENABLE] * 2
+    m = sim.nvmlDeviceGetMigDeviceHandleByIndex(h, 0)
+    assert sim.nvmlDeviceIsMigDeviceHandle(m) and not sim.nvmlDeviceIsMigDeviceHandle(h)
+    assert sim.nvmlDeviceGetName(m).endswith(" MIG 7g.80gb")
+    assert sim.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(m) is h
+    with pytest.raises(pynvml.NVMLError_NotFound):
+        sim.nvmlDeviceGetMigDeviceHandleByIndex(h, 1)
+    with pytest.raises(pynvml.NVMLError_InvalidArgument):
+        sim.nvmlDeviceGetGpuInstanceId(h)  # a full GPU is not a MIG device
+
+
+@pytest.mark.parametrize(
+    ("spec", "error"),
+    [
+        ("1xL4/mig=1g.10gb", "has no MIG"),
+        ("1xH100-SXM/mig=4g.40gb+4g.40gb", "do not fit"),
+        ("1xH100-SXM/mig=big", "not like 3g.40gb"),
+    ],
+)
+def test_bad_mig_specs_are_refused(spec: str, error: str) -> None:
+    with pytest.raises(SpecError, match=error):
+        parse_spec(spec)
