@@ -181,3 +181,11 @@ def test_a_config_file_with_wrong_types_is_one_line_not_a_traceback(tmp_path) ->
     cfg = tmp_path / "gpumon.toml"
     cfg.write_text("interval = [1]\n")
     assert "interval: expected a duration" in one_line_error(run_gpumon("serve", "--config", str(cfg)))
+
+
+def test_no_processes_and_no_profiling_leave_those_readings_out() -> None:
+    args = ("snapshot", "--json", "--simulate", "1xH100-SXM")
+    on = json.loads(run_gpumon(*args).stdout)["gpus"][0]["reading"]
+    off = json.loads(run_gpumon(*args, "--no-processes", "--profiling", "off").stdout)["gpus"][0]["reading"]
+    assert on["processes"] is not None and len(on["processes"]) == 1
+    assert off["processes"] is None and off["profiling"] is None

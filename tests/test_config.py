@@ -113,3 +113,35 @@ def test_config_file_values_of_the_wrong_type_are_clear_errors(tmp_path: Path, c
     cfg.write_bytes(content)
     with pytest.raises(ConfigError, match=message):
         resolve(flags(config=str(cfg)), env={})
+
+
+def test_deep_telemetry_settings_from_flags_env_and_file(tmp_path: Path) -> None:
+    cfg = tmp_path / "gpumon.toml"
+    cfg.write_text(
+        'events = false\nowner_labels = true\nprofiling = "gpm"\nkubelet_socket = ""\n'
+        f'proc_root = "{tmp_path}"\ncompat = "dcgm"\n'
+    )
+    s = resolve({}, env={"GPUMON_CONFIG": str(cfg), "GPUMON_PROCESSES": "no"})
+    assert (s.events, s.processes, s.owner_labels) == (False, False, True)
+    assert (s.profiling, s.kubelet_socket, s.proc_root, s.compat) == ("gpm", "", str(tmp_path), "dcgm")
+    s = resolve(
+        flags(events=True, profiling="DCGM", dcgm_address="10.0.0.5:5555"), env={"GPUMON_CONFIG": str(cfg)}
+    )
+    assert s.events is True and s.profiling == "dcgm" and s.dcgm_address == "10.0.0.5:5555"
+    assert resolve({}, env={}).kubelet_socket == "/var/lib/kubelet/pod-resources/kubelet.sock"
+
+
+@pytest.mark.parametrize(
+    ("given", "message"),
+    [
+        ({"GPUMON_EVENTS": "maybe"}, "events: expected true or false"),
+        ({"GPUMON_OWNER_LABELS": "2"}, "owner-labels: expected true or false"),
+        ({"GPUMON_PROFILING": "nsight"}, "profiling: expected one of auto, gpm, dcgm, off"),
+        ({"GPUMON_PROFILING": "off", "GPUMON_DCGM_ADDRESS": "h:5555"}, "conflicts with --profiling off"),
+        ({"GPUMON_PROC_ROOT": "/no/such/proc"}, "proc-root: /no/such/proc is not a directory"),
+        ({"GPUMON_COMPAT": "nvidia_gpu_exporter"}, "compat: expected one of dcgm"),
+    ],
+)
+def test_bad_deep_telemetry_settings_say_what_to_fix(given: dict[str, str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        resolve({}, env=given)
