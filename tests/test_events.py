@@ -122,7 +122,7 @@ def test_a_gpu_without_event_support_is_skipped_and_marked(watched) -> None:
 
 
 def test_the_watcher_survives_nvml_reinitialisation(watched) -> None:
-    sim, _, watcher = watched()
+    sim, sampler, watcher = watched()
     uuid0 = sim.gpus[0].uuid
     fault = sim.faults.add("uninitialized:*:nvmlEventSetWait_v2")
     wait_for(lambda: not watcher.view().running)
@@ -132,6 +132,9 @@ def test_the_watcher_survives_nvml_reinitialisation(watched) -> None:
     sim.inject_xid(0, 94)
     wait_for(lambda: watcher.view().xids.get((uuid0, 94)) == 1)
     assert watcher.view().failures >= 1
+    assert watcher.view().errors[("nvmlEventSetWait_v2", "Uninitialized")] >= 1
+    errors = samples(sampler.sweep(), "gpumon_errors_total")
+    assert errors[(("error", "Uninitialized"), ("gpu", ""), ("op", "nvmlEventSetWait_v2"), ("uuid", ""))] >= 1
 
 
 def test_a_gpu_found_late_is_registered_too(watched) -> None:

@@ -192,7 +192,7 @@ def test_hand_written_response_over_grpc_and_shared_gpus(kubelet: FakeKubelet, p
 def test_failures_keep_the_mapping_then_empty_it_after_three(kubelet: FakeKubelet, pods, caplog) -> None:
     kubelet.serve(Allocation("ns", "p", "c", "nvidia.com/gpu", ("GPU-1",)))
     pr = pods(kubelet.path, timeout=1.0)
-    assert pr.refresh_now()
+    assert pr.refresh_now() and pr.healthy()
     kubelet.stop()
     # a kubelet killed hard leaves its socket file behind: connections are refused
     dead = socket.socket(socket.AF_UNIX)
@@ -203,7 +203,7 @@ def test_failures_keep_the_mapping_then_empty_it_after_three(kubelet: FakeKubele
             assert not pr.refresh_now()
             assert pr.errors == n and "GPU-1" in pr.owners() and pr.reason.startswith("UNAVAILABLE")
         assert not pr.refresh_now()
-        assert dict(pr.owners()) == {} and pr.errors == 3
+        assert dict(pr.owners()) == {} and pr.errors == 3 and not pr.healthy()
     finally:
         dead.close()
     levels = [r.levelno for r in caplog.records if r.name == "gpumon.kubelet"]
@@ -213,7 +213,7 @@ def test_failures_keep_the_mapping_then_empty_it_after_three(kubelet: FakeKubele
     revived = FakeKubelet(kubelet.path)
     try:
         revived.serve(Allocation("ns", "p2", "c", "nvidia.com/gpu", ("GPU-1",)))
-        assert pr.refresh_now() and pr.owners()["GPU-1"].pod == "p2" and pr.reason == ""
+        assert pr.refresh_now() and pr.owners()["GPU-1"].pod == "p2" and pr.reason == "" and pr.healthy()
         assert caplog.records[-1].levelno == logging.INFO
     finally:
         revived.stop()

@@ -197,3 +197,22 @@ def test_simulated_jobs_alternate_between_pods_and_slurm(sims) -> None:
     )
     with pytest.raises(pynvml.NVMLError_InvalidArgument):
         sim.nvmlDeviceGetComputeRunningProcesses(None)
+
+
+def test_kubelet_health_is_a_collector_status(sims) -> None:
+    sim = sims("1xH100-SXM", static=True)
+    healthy = [True]
+    sampler = Sampler(
+        NvmlBackend(sim),
+        timeout=1.0,
+        attributor=Attributor(ProcessResolver(sim.proc_root()), dict, "", lambda: healthy[0]),
+    )
+    sampler.open()
+    try:
+        status = {c.name: c.success for c in sampler.sweep().collectors}
+        assert status["kubelet"] is True and status["attribution"] is True
+        healthy[0] = False
+        assert {c.name: c.success for c in sampler.sweep().collectors}["kubelet"] is False
+    finally:
+        sampler.stop()
+        sim.remove_proc_root()

@@ -108,18 +108,20 @@ def attributor(backend: NvmlBackend, settings: Settings) -> Attributor:
         atexit.register(nv.remove_proc_root)
         note = "simulated /proc tree and pod allocation"
         return Attributor(ProcessResolver(nv.proc_root()), nv.pod_owners, note)
-    pods = None
+    pods = healthy = None
     kubelet = "no kubelet pod-resources socket (pod names off)"
     if settings.kubelet_socket and os.path.exists(settings.kubelet_socket):
         lister = PodResources(settings.kubelet_socket)
         if lister.available:
             lister.start()
             pods = lister.owners
+            healthy = lister.healthy
             kubelet = f"pods from {settings.kubelet_socket}"
         else:
             kubelet = f"kubelet socket found but {lister.reason}"
             log.info("%s", kubelet)
-    return Attributor(ProcessResolver(settings.proc_root), pods, f"/proc at {settings.proc_root}; {kubelet}")
+    note = f"/proc at {settings.proc_root}; {kubelet}"
+    return Attributor(ProcessResolver(settings.proc_root), pods, note, healthy)
 
 
 def describe_sources(sampler: Sampler, settings: Settings) -> dict[str, str]:

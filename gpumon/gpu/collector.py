@@ -178,6 +178,8 @@ def _with_owner_labels(families: list[Metric], snap: Snapshot) -> None:
 
 
 def _add_events(f: dict[str, Family], ev: EventsView, index: dict[str, str]) -> None:
+    for (op, kind), n in ev.errors.items():
+        f[M.ERRORS.name].add_metric(["", "", op, kind], n)
     for uuid, labels in ev.registered.items():
         for label in labels:
             f[M.EVENTS_REGISTERED.name].add_metric([index.get(uuid, ""), uuid, label], 1)

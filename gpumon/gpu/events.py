@@ -83,6 +83,7 @@ class EventsView:
     xid_last: Mapping[tuple[str, int], float] = field(default_factory=dict)
     recent: tuple[Event, ...] = ()  # newest last
     failures: int = 0  # times registration or waiting failed and the set was rebuilt
+    errors: Mapping[tuple[str, str], int] = field(default_factory=dict)  # (op, NVML error) → n
 
 
 class EventWatcher:
@@ -109,6 +110,8 @@ class EventWatcher:
         self._registered: dict[str, tuple[str, ...]] = {}
         self._support: dict[str, str] = {}
         self._failures = 0
+        self._errors: dict[tuple[str, str], int] = {}
+        self._op = ""  # the NVML call in flight, so a failure can be counted under its name
         self._set: Any = None
         self._key: tuple[tuple[str, int], ...] = ()
         self._stop = threading.Event()
@@ -140,6 +143,8 @@ class EventWatcher:
                 backoff = 0.0
             except Exception as exc:  # NVML trouble or a bug: rebuild the set later, never die
                 self._failures += 1
+                key = (self._op or "event_watcher", error_kind(exc))
+                self._errors[key] = self._errors.get(key, 0) + 1
                 backoff = min(BACKOFF_MAX, backoff * 2 if backoff else 1.0)
                 reason = f"{error_kind(exc)}: {exc}"
                 level = logging.WARNING if self._view.running or self._failures == 1 else logging.DEBUG
@@ -156,6 +161,7 @@ class EventWatcher:
         self._free()
         key = self._devices_key()
         devices = self.devices()
+        self._op = "nvmlEventSetCreate"
         event_set = self.nv.nvmlEventSetCreate()
         self._set = event_set
         registered: dict[str, tuple[str, ...]] = {}
@@ -164,8 +170,10 @@ class EventWatcher:
             handle = getattr(dev, "handle", None)
             uuid = dev.info.uuid
             try:
+                self._op = "nvmlDeviceGetSupportedEventTypes"
                 supported = int(self.nv.nvmlDeviceGetSupportedEventTypes(handle)) & WANTED
                 if supported:
+                    self._op = "nvmlDeviceRegisterEvents"
                     self.nv.nvmlDeviceRegisterEvents(handle, supported, event_set)
             except pynvml.NVMLError as exc:
                 state = ABSENT_ERRORS.get(error_kind(exc))
@@ -188,6 +196,7 @@ class EventWatcher:
         self._publish(running=True, reason="" if registered else "no GPU supports NVML events")
 
     def _wait_once(self) -> None:
+        self._op = "nvmlEventSetWait_v2"
         try:
             data = self.nv.nvmlEventSetWait_v2(self._set, self.wait_ms)
         except pynvml.NVMLError_Timeout:
@@ -236,6 +245,7 @@ class EventWatcher:
             xid_last=MappingProxyType(dict(self._xid_last)),
             recent=tuple(self._recent),
             failures=self._failures,
+            errors=MappingProxyType(dict(self._errors)),
         )
 
     def _free(self) -> None:

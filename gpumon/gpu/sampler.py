@@ -277,6 +277,7 @@ class Sampler:
                 host_status,
                 *(() if events is None else (CollectorStatus("events", events.running, 0.0),)),
                 *(() if owners_status is None else (owners_status,)),
+                *self._kubelet_status(),
             ),
             errors=MappingProxyType(dict(self._errors)),
             events=events,
@@ -298,6 +299,10 @@ class Sampler:
             self._count(("", "", "attribution", type(exc).__name__), str(exc))
             return None, CollectorStatus("attribution", False, time.monotonic() - t0)
         return owners, CollectorStatus("attribution", True, time.monotonic() - t0)
+
+    def _kubelet_status(self) -> tuple[CollectorStatus, ...]:
+        healthy = self.attributor.pods_healthy if self.attributor is not None else None
+        return () if healthy is None else (CollectorStatus("kubelet", healthy(), 0.0),)
 
     def _read_host(self) -> tuple[HostReading | None, CollectorStatus]:
         t0 = time.monotonic()

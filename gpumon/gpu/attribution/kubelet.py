@@ -195,6 +195,10 @@ class PodResources:
             self._owners = MappingProxyType(owners)
             return True
 
+    def healthy(self) -> bool:
+        """The last List succeeded (before the first one: whether the socket is there at all)."""
+        return self._failures == 0 and self.available
+
     def _list(self) -> bytes:
         grpc = self._grpc
         # a fresh channel per call: a kept one would sit in grpc's reconnect backoff (up to 2 min) after a

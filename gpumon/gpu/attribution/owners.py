@@ -44,10 +44,12 @@ class Attributor:
         resolver: ProcessResolver,
         pods: Callable[[], Mapping[str, PodOwner]] | None = None,
         note: str = "",
+        pods_healthy: Callable[[], bool] | None = None,
     ) -> None:
         self.resolver = resolver
         self.pods = pods  # the kubelet's GPU → pod allocation (a cheap reference read), if any
         self.note = note  # where owners come from, for gpumon doctor
+        self.pods_healthy = pods_healthy  # did the last kubelet List succeed (gpumon_collector_success)
 
     def attribute(self, gpus: Sequence[GpuStatus]) -> Mapping[str, GpuOwnership]:
         allocation = self.pods() if self.pods is not None else {}
