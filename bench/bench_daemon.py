@@ -15,6 +15,7 @@ Measures, on this machine, with 8 simulated GPUs:
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
 import platform
@@ -80,6 +81,7 @@ def sampler_for(
     sampler = Sampler(backend, interval=interval)
     sampler.open()
     if deep:
+        atexit.register(sim.remove_proc_root)
         sampler.events = EventWatcher(sim, sampler.devices)
         sampler.attributor = Attributor(ProcessResolver(sim.proc_root()), sim.pod_owners)
     return sampler
