@@ -9,6 +9,7 @@ its own pair of buffers for as long as gpumon runs.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,6 +39,13 @@ METRICS: tuple[tuple[int, str, float], ...] = (
 )
 
 
+class _Metric(ctypes.Structure):
+    """``c_nvmlGpmMetric_t``'s layout without nvidia-ml-py's ``__getattribute__`` hook, which costs a few
+    microseconds per field read: reading 12 results through it was most of GPM's CPU in gpumon."""
+
+    _fields_ = pynvml.c_nvmlGpmMetric_t._fields_
+
+
 @dataclass
 class Stream:
     """The sample pair of one GPU or one MIG GPU instance."""
@@ -47,6 +55,7 @@ class Stream:
     previous_at: float | None = None  # monotonic time ``previous`` was filled; None: nothing to diff
     last: ProfilingReading | None = None
     request: Any = None  # one c_nvmlGpmMetricsGet_t reused for every difference (it is 20 KB)
+    results: Any = None  # the request's first len(METRICS) results, seen through _Metric
 
 
 def supported(c: Calls) -> bool:
@@ -88,7 +97,7 @@ def read(c: Calls, now: float, instance: int | None = None) -> ProfilingReading 
         return None
     first = stream.previous_at is None  # nothing to difference against yet
     if not first:
-        stream.last = _difference(c, stream.request, older=stream.previous, newer=stream.current)
+        stream.last = _difference(c, stream, older=stream.previous, newer=stream.current)
     stream.previous, stream.current = stream.current, stream.previous  # the newer one is kept
     stream.previous_at = now
     return None if first else stream.last
@@ -106,16 +115,18 @@ def _allocate(c: Calls) -> Stream | None:
     request.numMetrics = len(METRICS)
     for i, (metric_id, _, _) in enumerate(METRICS):
         request.metrics[i].metricId = metric_id
-    return Stream(first, second, request=request)
+    offset = pynvml.c_nvmlGpmMetricsGet_t.metrics.offset
+    results = (_Metric * len(METRICS)).from_address(ctypes.addressof(request) + offset)
+    return Stream(first, second, request=request, results=results)
 
 
-def _difference(c: Calls, request: Any, *, older: Any, newer: Any) -> ProfilingReading | None:
+def _difference(c: Calls, stream: Stream, *, older: Any, newer: Any) -> ProfilingReading | None:
+    request = stream.request
     request.sample1, request.sample2 = older, newer
     if c.call("gpm", "nvmlGpmMetricsGet", request) is None:
         return None
     values: dict[str, float] = {}
-    for i, (_, name, factor) in enumerate(METRICS):
-        metric = request.metrics[i]
+    for metric, (_, name, factor) in zip(stream.results, METRICS, strict=True):
         if metric.nvmlReturn != pynvml.NVML_SUCCESS:
             continue  # this metric is not available on this GPU: absent, not zero
         value = max(0.0, float(metric.value)) * factor

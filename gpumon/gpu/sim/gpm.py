@@ -39,6 +39,12 @@ _TRAFFIC = {
 }
 
 
+class _Metric(ctypes.Structure):
+    """``c_nvmlGpmMetric_t`` without nvidia-ml-py's slow ``__getattribute__`` hook (same memory)."""
+
+    _fields_ = pynvml.c_nvmlGpmMetric_t._fields_
+
+
 @dataclass
 class _Sample:
     gpu: int | None = None  # None until nvmlGpmSampleGet fills it
@@ -126,8 +132,9 @@ class SimGpm:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         dt = second.t - first.t
         assert first.traffic is not None and second.traffic is not None
-        for i in range(metricsGet.numMetrics):
-            metric = metricsGet.metrics[i]
+        offset = pynvml.c_nvmlGpmMetricsGet_t.metrics.offset
+        n = metricsGet.numMetrics
+        for metric in (_Metric * n).from_address(ctypes.addressof(metricsGet) + offset):
             fid = metric.metricId
             if dt <= 0:
                 metric.nvmlReturn, metric.value = pynvml.NVML_ERROR_INVALID_ARGUMENT, 0.0
