@@ -78,7 +78,9 @@ class Calls:
         self.errors: list[ReadError] = []
         self.ok = 0
 
-    def call(self, quantity: str, op: str, *args: Any) -> Any:
+    def call(self, quantity: str, op: str, *args: Any, empty: tuple[str, ...] = ()) -> Any:
+        """The call's value, or None. Error kinds in ``empty`` mean "nothing to report" for this call (an
+        empty MIG slot, no process samples since the last read): None, and neither an error nor a success."""
         dev = self.dev
         if dev.support.get(quantity) in SKIP:
             return None
@@ -86,7 +88,8 @@ class Calls:
         try:
             value = getattr(self.nv, op)(*args)
         except Exception as exc:  # every failure is classified; none escapes to the sampler
-            self.failed(quantity, op, exc)
+            if not (empty and error_kind(exc) in empty):
+                self.failed(quantity, op, exc)
             return None
         finally:
             dev.end()

@@ -13,7 +13,7 @@ from typing import Any
 import pynvml
 
 from gpumon.gpu.nvml import gpm
-from gpumon.gpu.nvml.calls import SKIP, Calls, error_kind
+from gpumon.gpu.nvml.calls import SKIP, Calls
 from gpumon.gpu.types import MigReading
 
 
@@ -55,20 +55,14 @@ def read(c: Calls, now: float, *, profiling: bool, every: int = 10) -> tuple[Mig
 
 
 def _enumerate(c: Calls) -> list[MigDevice]:
-    dev, nv = c.dev, c.nv
+    dev = c.dev
     count = c.call("mig", "nvmlDeviceGetMaxMigDeviceCount", dev.handle) or 0
     found = []
     for index in range(count):
-        op = "nvmlDeviceGetMigDeviceHandleByIndex"
-        dev.begin(op)
-        try:
-            handle = nv.nvmlDeviceGetMigDeviceHandleByIndex(dev.handle, index)
-        except pynvml.NVMLError as exc:
-            if error_kind(exc) != "NotFound":  # NOT_FOUND: an empty slot, the normal case
-                c.failed("mig", op, exc)
+        # NOT_FOUND: an empty slot, the normal case
+        handle = c.call("mig", "nvmlDeviceGetMigDeviceHandleByIndex", dev.handle, index, empty=("NotFound",))
+        if handle is None:
             continue
-        finally:
-            dev.end()
         uuid = c.call("mig", "nvmlDeviceGetUUID", handle)
         gi = c.call("mig", "nvmlDeviceGetGpuInstanceId", handle)
         ci = c.call("mig", "nvmlDeviceGetComputeInstanceId", handle)

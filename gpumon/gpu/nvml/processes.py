@@ -10,10 +10,8 @@ from __future__ import annotations
 import logging
 from collections import defaultdict
 
-import pynvml
-
-from gpumon.gpu.nvml.calls import SKIP, Calls, error_kind
-from gpumon.gpu.types import ProcessReading, Support
+from gpumon.gpu.nvml.calls import Calls
+from gpumon.gpu.types import ProcessReading
 
 log = logging.getLogger("gpumon.nvml")
 
@@ -56,22 +54,15 @@ def read(c: Calls) -> tuple[ProcessReading, ...] | None:
 def _utilization(c: Calls) -> dict[int, tuple[float, float, float]]:
     """pid → (SM ratio, memory ratio, unix time of the newest sample) over the samples since last read."""
     dev = c.dev
-    if dev.support.get("process_utilization") in SKIP:
+    samples = c.call(
+        "process_utilization",
+        "nvmlDeviceGetProcessUtilization",
+        dev.handle,
+        dev.process_samples_seen,
+        empty=("NotFound",),  # no process ran a kernel since then
+    )
+    if samples is None:
         return {}
-    op = "nvmlDeviceGetProcessUtilization"
-    dev.begin(op)
-    try:
-        samples = c.nv.nvmlDeviceGetProcessUtilization(dev.handle, dev.process_samples_seen)
-    except pynvml.NVMLError as exc:
-        if error_kind(exc) == "NotFound":
-            return {}
-        c.failed("process_utilization", op, exc)
-        return {}
-    finally:
-        dev.end()
-    c.ok += 1
-    if dev.support.get("process_utilization") is not Support.SUPPORTED:
-        dev.set_support("process_utilization", Support.SUPPORTED)
     acc: dict[int, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0, 0.0])  # sm, mem, n, newest
     for s in samples:
         a = acc[int(s.pid)]
