@@ -7,8 +7,6 @@ import atexit
 import logging
 import os
 
-import pynvml
-
 from gpumon.config import DEFAULT_SIMULATION, Settings
 from gpumon.gpu.attribution.kubelet import PodResources
 from gpumon.gpu.attribution.owners import Attributor
@@ -137,27 +135,7 @@ def describe_sources(sampler: Sampler, settings: Settings) -> dict[str, str]:
             out["dcgm"] = backend.profiler_note
     if sampler.attributor is not None:
         out["attribution"] = sampler.attributor.note
-    out["mig"] = _mig_modes(sampler)
     return out
-
-
-def _mig_modes(sampler: Sampler) -> str:
-    """Each GPU's MIG mode and, when on, how many MIG devices it has."""
-    nv = sampler.backend.nv if isinstance(sampler.backend, NvmlBackend) else None
-    if nv is None:
-        return "unknown"
-    modes = []
-    for dev in sampler.devices():
-        try:
-            current, _ = nv.nvmlDeviceGetMigMode(getattr(dev, "handle", None))
-            mode = "disabled"
-            if current == pynvml.NVML_DEVICE_MIG_ENABLE:
-                n = len(getattr(dev, "mig_devices", None) or ())
-                mode = f"enabled, {n} MIG device(s)"
-        except (pynvml.NVMLError, AttributeError):
-            mode = "not supported"
-        modes.append(f"GPU {dev.info.index} {mode}")
-    return "; ".join(modes)
 
 
 def _try_dcgm(backend: NvmlBackend, sampler: Sampler, settings: Settings) -> None:

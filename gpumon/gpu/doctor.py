@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpumon.gpu.snapshot import Snapshot
+from gpumon.gpu.snapshot import GpuStatus, Snapshot
 from gpumon.gpu.types import Support
 
 DEVICE_NODES = ("/dev/nvidiactl",)
@@ -75,8 +75,19 @@ def telemetry(snap: Snapshot, sources: Mapping[str, str] | None = None) -> dict[
         )
     if snap.owners is None:
         out.setdefault("attribution", "off (--no-processes)")
+    out["mig"] = "; ".join(f"GPU {st.info.index} {_mig_mode(st)}" for st in snap.gpus)
     order = ("events", "profiling", "dcgm", "attribution", "mig")
     return {k: out[k] for k in sorted(out, key=lambda k: order.index(k) if k in order else len(order))}
+
+
+def _mig_mode(st: GpuStatus) -> str:
+    if st.capabilities.get("mig") in (Support.NOT_SUPPORTED.value, Support.NO_PERMISSION.value):
+        return "not supported"
+    if st.reading is None:
+        return "unknown (GPU down)"
+    if st.reading.mig is None:
+        return "disabled"
+    return f"enabled, {len(st.reading.mig)} MIG device(s)"
 
 
 def diagnose(
