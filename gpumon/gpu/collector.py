@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import platform
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
@@ -31,6 +31,16 @@ _OWNER_EXEMPT = {M.GPU_INFO.name, M.GPU_OWNER.name, M.PROCESS_INFO.name, M.ERROR
 def _family(m: M.Metric) -> Family:
     cls = CounterMetricFamily if m.type == "counter" else GaugeMetricFamily
     return cls(m.name, m.help, labels=m.labels)
+
+
+def _add_fields(
+    f: dict[str, Family], labels: list[str], source: object, fields: Iterable[tuple[M.Metric, str]]
+) -> None:
+    """One sample per (metric, attribute of ``source``) whose value is known: unknown is absent, not 0."""
+    for metric, attr in fields:
+        value = getattr(source, attr)
+        if value is not None:
+            f[metric.name].add_metric(labels, value)
 
 
 def _add_gpu(f: dict[str, Family], st: GpuStatus) -> None:
@@ -67,10 +77,7 @@ def _add_gpu(f: dict[str, Family], st: GpuStatus) -> None:
     r = st.reading
     if r is None:  # down: only the health series above, no stale values
         return
-    for metric in M.GPU_SCALARS:
-        value = getattr(r, metric.field)  # type: ignore[arg-type]
-        if value is not None:
-            f[metric.name].add_metric(gl, value)
+    _add_fields(f, gl, r, ((m, m.field) for m in M.GPU_SCALARS if m.field is not None))
     if r.throttle_reasons is not None:
         active = f[M.THROTTLE_ACTIVE.name]
         for bit, reason, _ in THROTTLE_REASONS:
@@ -88,10 +95,7 @@ def _add_gpu(f: dict[str, Family], st: GpuStatus) -> None:
     p = r.profiling
     if p is not None:
         f[M.PROFILING_INFO.name].add_metric([*gl, p.source], 1)
-        for metric, attr in M.PROFILING_FIELDS:
-            value = getattr(p, attr)
-            if value is not None:
-                f[metric.name].add_metric(gl, value)
+        _add_fields(f, gl, p, M.PROFILING_FIELDS)
     _add_mig(f, gl, r.mig or ())
     for link in r.nvlinks:
         ll = [*gl, str(link.link)]
@@ -116,10 +120,7 @@ def _add_mig(f: dict[str, Family], gl: list[str], migs: tuple[MigReading, ...]) 
         if p is None or m.gpu_instance_id in instances_done:  # GPM is per GPU instance, not per compute one
             continue
         instances_done.add(m.gpu_instance_id)
-        for metric, attr in M.MIG_PROFILING_FIELDS:
-            value = getattr(p, attr)
-            if value is not None:
-                f[metric.name].add_metric([*gl, str(m.gpu_instance_id)], value)
+        _add_fields(f, [*gl, str(m.gpu_instance_id)], p, M.MIG_PROFILING_FIELDS)
 
 
 def _add_processes(f: dict[str, Family], st: GpuStatus, ownership: GpuOwnership | None) -> None:

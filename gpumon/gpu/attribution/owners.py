@@ -72,15 +72,14 @@ class Attributor:
             return OwnedProcess(pid)
         # the kubelet names the pod the GPU was given to; a process in some other container gets no name
         in_pod = pod is not None and (o.pod_uid is not None or o.container_id is not None)
+        names = (pod.namespace, pod.pod, pod.container) if in_pod and pod is not None else ("", "", "")
         return OwnedProcess(
             pid,
             o.name or "",
             o.user or "",
             o.container_id or "",
             o.pod_uid or "",
-            pod.namespace if in_pod and pod else "",
-            pod.pod if in_pod and pod else "",
-            pod.container if in_pod and pod else "",
+            *names,
             o.slurm_job_id or "",
         )
 
