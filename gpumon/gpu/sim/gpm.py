@@ -64,6 +64,7 @@ class SimGpm:
         def _enter(self, op: str, gpu: SimGpu | None = None) -> None: ...
         def _gpu(self, handle: Any, op: str) -> SimGpu: ...
         def now(self) -> float: ...
+        def _mig_share(self, gpu: SimGpu, instance: int) -> float: ...  # SimMig
 
     def _gpm_init(self) -> None:
         self._gpm_samples: dict[int, _Sample] = {}  # buffer address → contents
@@ -115,10 +116,6 @@ class SimGpm:
             "nvlink_rx": sum(s.nvlink_rx) * share,
         }
         return gpm_sample
-
-    def _mig_share(self, gpu: SimGpu, instance: int) -> float:
-        """The share of the GPU's traffic that GPU instance ``instance`` carries (MIG overrides this)."""
-        raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
 
     def nvmlGpmMetricsGet(self, metricsGet: Any) -> Any:
         self._enter("nvmlGpmMetricsGet")
