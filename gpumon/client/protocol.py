@@ -1,0 +1,58 @@
+"""The report a training (or inference) process sends to its node's gpumon daemon: wire format version 1.
+
+Shared by the SDK (which writes it) and the daemon's ingest endpoint (which validates it), so the two cannot
+drift. Standard library only, Python >= 3.9 syntax: this module is imported inside training processes.
+
+A report is one JSON object, POSTed to ``/v1/report`` (HTTP on loopback, or the daemon's unix socket):
+
+``v``                 1
+``job``               job name; 1-128 chars of ``[A-Za-z0-9_.:/@+=-]``, starting with a letter or digit
+``rank``              global rank, 0 <= rank < world_size
+``world_size``        number of ranks in the whole job (all nodes), >= 1
+``local_rank``        rank on this node, or null
+``kind``              "train" or "inference"
+``workload``          model/config name for baselines, same charset as job, or null
+``incarnation``       random id of this Reporter (this process): a restart is a new incarnation
+``pid``               the reporting process's pid (to find its GPUs in NVML's process list)
+``seq``               0, 1, 2, ... per incarnation; a report with a seq already seen is ignored
+``time``              unix seconds when the report was built
+``started``           unix seconds when the Reporter was created
+``devices``           GPUs this rank uses: NVML UUIDs ("GPU-…", "MIG-…") or NVML indexes as decimal strings
+``dtype``             one of DTYPES, or null
+``flops_per_token``   model FLOPs per token (training: forward + backward), or null
+``flops_convention``  one of CONVENTIONS, or null
+``peak_flops``        a per-GPU peak FLOP/s the user asserts (overrides the daemon's table), or null
+``totals``            cumulative {"steps", "tokens", "samples", "requests"} since the Reporter started
+``updated``           unix seconds of the step()/request() call that last changed ``totals``, or null
+``anchor``            the totals right after the first step()/request() call and its time:
+                      {"time", "steps", "tokens", "samples", "requests"}, or null before that call
+``step_seconds``      cumulative histogram of the time between consecutive step() calls (the first call
+                      starts the clock and observes nothing): {"counts": [one per BUCKETS + 1 for +Inf],
+                      "sum": seconds}; counts are per bucket (not cumulative across buckets)
+``request_seconds``   the same for request latencies (inference), or null
+``phases``            cumulative seconds per phase name: {"data_wait": 12.5, ...}; names from PHASES or
+                      label-safe custom names (at most MAX_PHASES)
+``final``             true on the last report of a Reporter (close() or interpreter exit)
+
+All counters are cumulative for the incarnation, so a lost or late report loses nothing: the next one carries
+the totals. The daemon answers 204 on success, 4xx with ``{"detail": reason}`` otherwise (400/422 malformed,
+401/403 token or origin, 413 too large, 429 cardinality limit); the SDK logs a 4xx once and keeps counting.
+"""
+
+from __future__ import annotations
+
+VERSION = 1
+PATH = "/v1/report"
+DEFAULT_URL = "http://127.0.0.1:9478"
+# upper bounds of the step-time and request-latency buckets, seconds; one more bucket (+Inf) follows
+BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 60.0, 120.0)
+PHASES = ("data_wait", "forward_backward", "communication", "optimizer", "checkpoint")
+DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8")
+CONVENTIONS = ("palm", "megatron", "user")
+KINDS = ("train", "inference")
+TOTALS = ("steps", "tokens", "samples", "requests")
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:/@+=-]{0,127}$"
+PHASE_PATTERN = r"^[a-z][a-z0-9_]{0,31}$"
+MAX_PHASES = 16
+MAX_DEVICES = 16
+MAX_BODY_BYTES = 64 * 1024
