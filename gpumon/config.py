@@ -67,6 +67,17 @@ class Settings:
     kubelet_socket: str = DEFAULT_KUBELET_SOCKET  # "" turns pod lookups off
     proc_root: str = "/proc"  # the host's /proc (mounted elsewhere when gpumon runs in a container)
     compat: str | None = None  # "dcgm": also emit dcgm-exporter's metric names
+    # training telemetry (docs/training.md)
+    ingest: bool = True  # accept SDK reports on POST /v1/report
+    ingest_token: str | None = None  # when set, reports must carry "Authorization: Bearer <token>"
+    ingest_socket: str | None = None  # also listen on this unix socket (SDK: GPUMON_URL=unix://PATH)
+    ingest_allow_remote: bool = False  # accept reports from other hosts, not only loopback
+    rank_ttl: float = 60.0  # drop a rank (and its series) after this long without a report
+    rate_window: float = 60.0  # the sliding window of tokens/s, phase shares and the diagnosis
+    max_jobs: int = 32
+    max_ranks: int = 256
+    peak_tflops: dict[str, float] = field(default_factory=dict)  # dtype or "*" -> per-GPU FLOP/s
+    thresholds: dict[str, float] = field(default_factory=dict)  # diagnosis thresholds that differ
 
     @property
     def deadline(self) -> float:
@@ -204,7 +215,58 @@ def validate(raw: Mapping[str, Any]) -> Settings:
         if key in raw:
             setattr(s, key, parse_bool(raw[key], key.replace("_", "-")))
     _validate_telemetry(raw, s)
+    _validate_training(raw, s)
     return s
+
+
+def _count(raw: Mapping[str, Any], key: str, hi: int) -> int:
+    value = raw[key]
+    text = str(value).strip()
+    if isinstance(value, bool) or not text.isdigit() or not 1 <= int(text) <= hi:
+        raise ConfigError(f"{key.replace('_', '-')}: expected a whole number from 1 to {hi}, got {value!r}")
+    return int(text)
+
+
+def _validate_training(raw: Mapping[str, Any], s: Settings) -> None:
+    from gpumon.training.diagnosis import Thresholds, parse_thresholds
+    from gpumon.training.peaks import parse_override
+
+    for key in ("ingest", "ingest_allow_remote"):
+        if key in raw:
+            setattr(s, key, parse_bool(raw[key], key.replace("_", "-")))
+    if raw.get("ingest_token"):
+        s.ingest_token = _text(raw, "ingest_token")
+        if len(s.ingest_token) < 16 or not s.ingest_token.isprintable() or " " in s.ingest_token:
+            raise ConfigError("ingest-token: use at least 16 printable characters without spaces")
+    if raw.get("ingest_socket"):
+        s.ingest_socket = _text(raw, "ingest_socket")
+        parent = os.path.dirname(os.path.abspath(s.ingest_socket))
+        if not os.path.isdir(parent):
+            raise ConfigError(f"ingest-socket: directory {parent} does not exist")
+    for key in ("rank_ttl", "rate_window"):
+        if key in raw:
+            setattr(s, key, parse_duration(raw[key], key.replace("_", "-")))
+    if "max_jobs" in raw:
+        s.max_jobs = _count(raw, "max_jobs", 10_000)
+    if "max_ranks" in raw:
+        s.max_ranks = _count(raw, "max_ranks", 100_000)
+    if raw.get("peak_tflops") not in (None, "", {}):
+        value = raw["peak_tflops"]
+        if isinstance(value, dict):
+            value = ",".join(f"{k}={v}" for k, v in value.items())
+        try:
+            s.peak_tflops = parse_override(str(value))
+        except ValueError as exc:
+            raise ConfigError(f"peak-tflops: {exc}") from None
+    if raw.get("thresholds"):
+        value = raw["thresholds"]
+        items = value if isinstance(value, dict | list) else [str(value)]
+        try:
+            parsed = parse_thresholds(items)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        default = Thresholds()
+        s.thresholds = {k: v for k, v in vars(parsed).items() if v != getattr(default, k)}
 
 
 def _validate_telemetry(raw: Mapping[str, Any], s: Settings) -> None:

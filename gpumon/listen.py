@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import errno
+import os
 import socket
+import stat
 
 
 class ListenError(Exception):
@@ -44,4 +46,34 @@ def bind(listen: str) -> socket.socket:
             else ""
         )
         raise ListenError(f"cannot listen on {listen}: {exc.strerror}{hint}") from None
+    return sock
+
+
+def bind_unix(path: str) -> socket.socket:
+    """A unix socket for local SDK reports. A stale socket file from a crashed daemon is replaced; anything
+    else at the path (a live daemon's socket, a regular file) is an error, not silently removed."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        mode = None
+    if mode is not None:
+        if not stat.S_ISSOCK(mode):
+            raise ListenError(f"cannot listen on unix:{path}: the path exists and is not a socket")
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            probe.connect(path)
+        except OSError:
+            os.unlink(path)  # nobody answers: left behind by a daemon that did not shut down
+        else:
+            raise ListenError(f"cannot listen on unix:{path}: another process is serving it")
+        finally:
+            probe.close()
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.bind(path)
+        os.chmod(path, 0o666)  # any local training process may report; the token, if set, still applies
+        sock.listen(128)
+    except OSError as exc:
+        sock.close()
+        raise ListenError(f"cannot listen on unix:{path}: {exc.strerror}") from None
     return sock

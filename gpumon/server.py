@@ -1,4 +1,4 @@
-"""HTTP: /metrics, /healthz, /readyz, /v1/gpus and a landing page, served by uvicorn (one worker)."""
+"""HTTP: /metrics, /healthz, /readyz, /v1/gpus, /v1/report, /v1/jobs, a landing page; one uvicorn worker."""
 
 from __future__ import annotations
 
@@ -18,6 +18,9 @@ from gpumon.exposition import Renderer
 from gpumon.gpu.collector import SnapshotCollector
 from gpumon.gpu.compat_dcgm import DcgmCompatCollector
 from gpumon.gpu.snapshot import Snapshot, snapshot_json
+from gpumon.training.api import Ingest
+from gpumon.training.api import router as training_router
+from gpumon.training.service import Training
 
 TEXT_0_0_4 = "text/plain; version=0.0.4; charset=utf-8"
 _ESCAPING = re.compile(r"escaping=([\w-]+)")
@@ -25,10 +28,16 @@ GZIP_LEVEL = 1  # exposition text compresses ~10x even at level 1; higher levels
 
 
 def build_registry(
-    source: Callable[[], Snapshot | None], *, owner_labels: bool = False, compat: str | None = None
+    source: Callable[[], Snapshot | None],
+    *,
+    owner_labels: bool = False,
+    compat: str | None = None,
+    training: Training | None = None,
 ) -> CollectorRegistry:
     registry = CollectorRegistry()
     registry.register(SnapshotCollector(source, owner_labels=owner_labels))
+    if training is not None:
+        registry.register(training.collector())
     if compat == "dcgm":  # dcgm-exporter's names beside ours, for dashboards built on them
         registry.register(DcgmCompatCollector(source))
     ProcessCollector(registry=registry)
@@ -56,9 +65,13 @@ def create_app(
     backend: str,
     owner_labels: bool = False,
     compat: str | None = None,
+    training: Training | None = None,
 ) -> FastAPI:
-    registry = build_registry(source, owner_labels=owner_labels, compat=compat)
+    registry = build_registry(source, owner_labels=owner_labels, compat=compat, training=training)
     app = FastAPI(title="gpumon", version=__version__, docs_url=None, redoc_url=None)
+    if training is not None:
+        app.include_router(training_router(training.analysis))
+        app.add_middleware(Ingest, analysis=training.analysis, stats=training.stats, policy=training.policy)
 
     renderer = Renderer()
 
@@ -99,12 +112,12 @@ def create_app(
 
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     def index() -> Response:
-        return HTMLResponse(_landing(backend))
+        return HTMLResponse(_landing(backend, jobs=training is not None))
 
     return app
 
 
-def _landing(backend: str) -> str:
+def _landing(backend: str, *, jobs: bool) -> str:
     banner = ""
     if backend == "sim":
         banner = (
@@ -116,6 +129,7 @@ def _landing(backend: str) -> str:
         for path, text in (
             ("/metrics", "Prometheus metrics"),
             ("/v1/gpus", "latest snapshot as JSON"),
+            ("/v1/jobs", "training and inference jobs reporting to this node, with their diagnosis"),
             ("/healthz", "liveness"),
             ("/readyz", "readiness"),
         )

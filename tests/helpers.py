@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 import shutil
 import signal
@@ -9,6 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import ModuleType
 
 import httpx
 import pynvml
@@ -40,6 +42,16 @@ def require_tool(name: str) -> str:
     if IN_CI:
         pytest.fail(f"{name} is required in CI (.ci/run installs it) but was not found on PATH")
     pytest.skip(f"{name} not installed (apt-get install prometheus)")
+
+
+def require_module(module: str) -> ModuleType:
+    """Import ``module`` (a framework the test runs for real) or skip; in CI its absence fails the test."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        if IN_CI:
+            pytest.fail(f"{module} is required in CI (.ci/run installs it): {exc}")
+        pytest.skip(f"{module} not installed: {exc}")
 
 
 class Daemon:

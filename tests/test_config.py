@@ -145,3 +145,46 @@ def test_deep_telemetry_settings_from_flags_env_and_file(tmp_path: Path) -> None
 def test_bad_deep_telemetry_settings_say_what_to_fix(given: dict[str, str], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         resolve({}, env=given)
+
+
+def test_training_settings_from_flags_env_and_file(tmp_path: Path) -> None:
+    cfg = tmp_path / "gpumon.toml"
+    cfg.write_text(
+        'max_jobs = 4\nrank_ttl = "2m"\npeak_tflops = {bf16 = 312, fp8 = 624}\n'
+        "[thresholds]\ndata_wait_share = 0.2\n"
+    )
+    s = resolve({}, env={"GPUMON_CONFIG": str(cfg), "GPUMON_INGEST_TOKEN": "t" * 20})
+    assert (s.max_jobs, s.max_ranks, s.rank_ttl, s.rate_window) == (4, 256, 120.0, 60.0)
+    assert s.peak_tflops == {"bf16": 312e12, "fp8": 624e12}
+    assert s.thresholds == {"data_wait_share": 0.2}
+    assert s.ingest and s.ingest_token == "t" * 20 and not s.ingest_allow_remote
+    s = resolve(
+        flags(peak_tflops="989.5", thresholds=["sm_busy=0.7", "tensor_busy=0.5"], ingest=False),
+        env={"GPUMON_RATE_WINDOW": "30s"},
+    )
+    assert s.peak_tflops["bf16"] == 989.5e12 and s.peak_tflops["fp32"] == 989.5e12
+    assert s.thresholds == {"sm_busy": 0.7, "tensor_busy": 0.5} and s.rate_window == 30.0 and not s.ingest
+    assert resolve({}, env={"GPUMON_THRESHOLDS": "link_busy=0.8,sm_idle=0.4"}).thresholds == {
+        "link_busy": 0.8,
+        "sm_idle": 0.4,
+    }
+
+
+@pytest.mark.parametrize(
+    ("given", "message"),
+    [
+        ({"GPUMON_MAX_JOBS": "0"}, "max-jobs: expected a whole number from 1"),
+        ({"GPUMON_MAX_RANKS": "lots"}, "max-ranks: expected a whole number"),
+        ({"GPUMON_RANK_TTL": "forever"}, "rank-ttl: expected a duration"),
+        ({"GPUMON_INGEST_TOKEN": "short"}, "ingest-token: use at least 16"),
+        ({"GPUMON_INGEST_SOCKET": "/no/such/dir/gpumon.sock"}, "ingest-socket: directory /no/such/dir"),
+        ({"GPUMON_PEAK_TFLOPS": "bf17=3"}, "peak-tflops: .*unknown dtype 'bf17'"),
+        ({"GPUMON_PEAK_TFLOPS": "fast"}, "peak-tflops: "),
+        ({"GPUMON_THRESHOLDS": "data_wait=0.2"}, "unknown threshold 'data_wait'"),
+        ({"GPUMON_THRESHOLDS": "data_wait_share=2"}, "between 0 and 1"),
+        ({"GPUMON_INGEST": "sometimes"}, "ingest: expected true or false"),
+    ],
+)
+def test_bad_training_settings_say_what_to_fix(given: dict[str, str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        resolve({}, env=given)

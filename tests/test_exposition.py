@@ -11,6 +11,7 @@ import pytest
 from helpers import ROOT, set_state
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
+from reports import report
 
 from gpumon import metrics as M
 from gpumon.gpu import collector as collector_module
@@ -23,14 +24,40 @@ from gpumon.gpu.sim.processes import SimProcess
 from gpumon.gpu.snapshot import CollectorStatus
 from gpumon.gpu.types import MigReading, ProfilingReading
 from gpumon.host import HostReading
+from gpumon.training.analysis import Analysis
+from gpumon.training.collector import IngestStats, TrainingCollector
+from gpumon.training.report import parse
+from gpumon.training.store import JobStore
 
 GOLDEN = Path(__file__).parent / "golden" / "metrics.prom"
 
 
-def exposition(snap) -> str:
+def exposition(snap, training: TrainingCollector | None = None) -> str:
     registry = CollectorRegistry()
     registry.register(SnapshotCollector(lambda: snap))
+    if training is not None:
+        registry.register(training)
     return generate_latest(registry).decode()
+
+
+def jobs(snap) -> TrainingCollector:
+    """A training job of two ranks (one restarted, with phases) and an inference server, at a fixed clock."""
+    now = snap.timestamp
+    store = JobStore(max_jobs=4, max_ranks=8, ttl=600.0, window=60.0)
+    phases = {"data_wait": 1.25, "communication": 2.5}
+    first = report(40, started=now - 30, phases=phases, world_size=2)
+    restarted = report(20, started=now - 2.5, incarnation="b0b0b0b0", phases=phases, world_size=2)
+    half = {"data_wait": 0.5, "communication": 1.5}
+    earlier = report(10, started=now - 2.5, rank=1, world_size=2, devices=["1"], phases=half)
+    other = report(20, started=now - 2.5, rank=1, world_size=2, devices=["1"], phases=phases)
+    serve = report(30, started=now - 3.5, job="chat", kind="inference", devices=["2"], dtype="fp8")
+    serve["request_seconds"] = serve["step_seconds"]
+    for r in (first, restarted, earlier, other, serve):
+        store.ingest(parse(r), now)
+    stats = IngestStats()
+    for outcome in ("accepted",) * 4 + ("invalid",):
+        stats.count(outcome)
+    return TrainingCollector(Analysis(store, lambda: snap, clock=lambda: now), stats)
 
 
 def pinned(snap):
@@ -103,7 +130,8 @@ def mixed_node(sims, samplers):
 
 def test_golden_exposition(mixed_node, monkeypatch) -> None:
     monkeypatch.setattr(collector_module.platform, "python_version", lambda: "3.x")
-    text = exposition(pinned(mixed_node))
+    snap = pinned(mixed_node)
+    text = exposition(snap, jobs(snap))
     if os.environ.get("GPUMON_UPDATE_GOLDEN"):
         GOLDEN.parent.mkdir(exist_ok=True)
         GOLDEN.write_text(text)
@@ -111,7 +139,8 @@ def test_golden_exposition(mixed_node, monkeypatch) -> None:
 
 
 def test_every_registered_metric_is_served_and_nothing_else(mixed_node) -> None:
-    served = {f.name for f in text_string_to_metric_families(exposition(pinned(mixed_node)))}
+    snap = pinned(mixed_node)
+    served = {f.name for f in text_string_to_metric_families(exposition(snap, jobs(snap)))}
     registered = {m.name.removesuffix("_total") if m.type == "counter" else m.name for m in M.REGISTRY}
     assert registered - served == set(), "registered but never served"
     assert served - registered == set(), "served but not in gpumon/metrics.py"
@@ -168,7 +197,7 @@ UNIT_SUFFIX = {
 @pytest.mark.parametrize("m", M.REGISTRY, ids=lambda m: m.name)
 def test_metric_names_follow_prometheus_conventions(m: M.Metric) -> None:
     assert re.fullmatch(r"gpumon_[a-z0-9_]+", m.name)
-    assert m.type in ("gauge", "counter")
+    assert m.type in ("gauge", "counter", "histogram")
     if m.type == "counter":
         assert m.name.endswith("_total")
     else:

@@ -14,8 +14,9 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from gpumon import __version__
-from gpumon.cli import doctor, serve, snapshot
+from gpumon.cli import diagnose, doctor, estimate, serve, snapshot
 from gpumon.cli.common import add_common_options
+from gpumon.cli.daemon_api import DaemonError
 from gpumon.config import ConfigError, Settings, resolve, setup_logging
 from gpumon.gpu.types import BackendUnavailable
 from gpumon.listen import ListenError
@@ -24,9 +25,17 @@ COMMANDS = {
     "serve": (serve, "run the daemon: sample GPUs in the background and serve /metrics"),
     "snapshot": (snapshot, "sample once and print a per-GPU table (or --json)"),
     "doctor": (doctor, "report what this node supports, per GPU and quantity, with advice"),
+    "diagnose": (diagnose, "explain why a training job is slow: the daemon's verdict, evidence and advice"),
+    "estimate": (estimate, "per-GPU memory and FLOPs per token of training a transformer, from its shape"),
 }
 # quieter by default for commands whose stdout is the product
-_DEFAULT_LOG_LEVEL = {"serve": "info", "snapshot": "warning", "doctor": "warning"}
+_DEFAULT_LOG_LEVEL = {
+    "serve": "info",
+    "snapshot": "warning",
+    "doctor": "warning",
+    "estimate": "warning",
+    "diagnose": "warning",
+}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -44,7 +53,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     for name, (module, help_) in COMMANDS.items():
         p = sub.add_parser(name, help=help_, description=help_)
         module.add_arguments(p)
-        add_common_options(p)
+        add_common_options(p, gpus=getattr(module, "USES_GPUS", True))
         commands[name] = p
     return parser, commands
 
@@ -72,7 +81,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
-    except (BackendUnavailable, ListenError) as exc:
+    except (BackendUnavailable, ListenError, DaemonError) as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -21,7 +21,19 @@ from gpumon.gpu.types import BackendUnavailable
 log = logging.getLogger("gpumon")
 
 
-def add_common_options(p: argparse.ArgumentParser) -> None:
+def add_common_options(p: argparse.ArgumentParser, *, gpus: bool = True) -> None:
+    """--config and --log-level for every command; the GPU source and telemetry options for those that
+    sample GPUs (diagnose and estimate only talk to a daemon or do arithmetic)."""
+    o = p.add_argument_group("general")
+    o.add_argument("--config", metavar="PATH", help="TOML config file (also GPUMON_CONFIG)")
+    o.add_argument("--log-level", choices=("debug", "info", "warning", "error"), help="default: info")
+    if not gpus:
+        return
+    o.add_argument(
+        "--timeout",
+        metavar="DURATION",
+        help="deadline for reading one GPU in a sweep (default: half the interval)",
+    )
     g = p.add_argument_group("GPU source")
     g.add_argument(
         "--backend",
@@ -79,14 +91,6 @@ def add_common_options(p: argparse.ArgumentParser) -> None:
     )
     t.add_argument("--proc-root", metavar="PATH", help="the host's /proc (default /proc)")
     t.add_argument("--compat", choices=("dcgm",), help="also emit dcgm-exporter metric names and units")
-    o = p.add_argument_group("general")
-    o.add_argument("--config", metavar="PATH", help="TOML config file (also GPUMON_CONFIG)")
-    o.add_argument("--log-level", choices=("debug", "info", "warning", "error"), help="default: info")
-    o.add_argument(
-        "--timeout",
-        metavar="DURATION",
-        help="deadline for reading one GPU in a sweep (default: half the interval)",
-    )
 
 
 SIM_WARMUP = 120.0  # the simulated node has been training for two minutes when gpumon starts

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
+import os
 import signal
 import sys
 
 from gpumon import __version__
 from gpumon.cli.common import open_sampler
 from gpumon.config import DEFAULT_PORT, Settings
-from gpumon.listen import bind
+from gpumon.gpu.snapshot import Snapshot
+from gpumon.listen import bind, bind_unix
 
 log = logging.getLogger("gpumon")
 
@@ -22,6 +25,38 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help=f"address to serve on (default 0.0.0.0:{DEFAULT_PORT}; port 0 picks a free one)",
     )
     p.add_argument("--interval", metavar="DURATION", help="time between sampling sweeps (default 1s)")
+    t = p.add_argument_group("training telemetry (docs/training.md)")
+    t.add_argument(
+        "--ingest",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="accept SDK reports on POST /v1/report (on)",
+    )
+    t.add_argument("--ingest-token", metavar="TOKEN", help="require this bearer token on every report")
+    t.add_argument("--ingest-socket", metavar="PATH", help="also accept reports on this unix socket")
+    t.add_argument(
+        "--ingest-allow-remote",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="accept reports from other hosts, not only loopback and the unix socket (off)",
+    )
+    t.add_argument("--rank-ttl", metavar="DURATION", help="drop a rank silent this long (default 60s)")
+    t.add_argument("--rate-window", metavar="DURATION", help="window of tokens/s and diagnosis (default 60s)")
+    t.add_argument("--max-jobs", metavar="N", help="jobs tracked at most; more get 429 (default 32)")
+    t.add_argument("--max-ranks", metavar="N", help="ranks tracked at most; more get 429 (default 256)")
+    t.add_argument(
+        "--peak-tflops",
+        metavar="[DTYPE=]TFLOPS,...",
+        help="per-GPU dense peak for MFU where the table lacks the GPU, e.g. 989.5 or bf16=989.5,fp8=1979",
+    )
+    t.add_argument(
+        "--threshold",
+        dest="thresholds",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a diagnosis threshold, e.g. data_wait_share=0.2 (repeatable; see docs/training.md)",
+    )
 
 
 def run(settings: Settings, args: argparse.Namespace) -> int:
@@ -32,15 +67,29 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
     # The event loop shares the GIL with the sampler's threads; with the default 5 ms switch interval a sweep
     # can hold a scrape back for several slices. 1 ms roughly halves /metrics p99 (docs/performance.md).
     sys.setswitchinterval(0.001)
+    from gpumon.training.service import from_settings
+
     sock = bind(settings.listen)  # first: a busy port should fail before NVML takes seconds to start
+    sockets = [sock]
+    if settings.ingest and settings.ingest_socket:
+        try:
+            sockets.append(bind_unix(settings.ingest_socket))
+        except Exception:
+            sock.close()
+            raise
     sampler = open_sampler(settings, "serve")
     backend = sampler.backend.name
+
+    def source() -> Snapshot | None:
+        return sampler.snapshot
+
     app = create_app(
-        lambda: sampler.snapshot,
+        source,
         sampler.alive,
         backend=backend,
         owner_labels=settings.owner_labels,
         compat=settings.compat,
+        training=from_settings(settings, source) if settings.ingest else None,
     )
     sampler.start()
     host, port = sock.getsockname()[:2]
@@ -54,6 +103,13 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
         shown,
         port,
     )
+    if settings.ingest:
+        log.info(
+            "training reports accepted on POST /v1/report from %s%s%s",
+            "any host" if settings.ingest_allow_remote else "loopback",
+            f" and unix:{settings.ingest_socket}" if settings.ingest_socket else "",
+            " with a bearer token" if settings.ingest_token else "",
+        )
     if backend == "sim":
         log.warning(
             'these are SIMULATED GPUs: every number served is made up (gpumon_build_info{backend="sim"})'
@@ -65,11 +121,15 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
     # with the default handler that would kill the process before the sampler and NVML are shut down
     previous = signal.signal(signal.SIGTERM, _stop_requested)
     try:
-        uvicorn.Server(config).run(sockets=[sock])
+        uvicorn.Server(config).run(sockets=sockets)
     finally:
         signal.signal(signal.SIGTERM, previous)
         sampler.stop()
-        sock.close()
+        for s in sockets:
+            s.close()
+        if len(sockets) > 1 and settings.ingest_socket:
+            with contextlib.suppress(OSError):
+                os.unlink(settings.ingest_socket)
     log.info("gpumon stopped")
     return 0
 

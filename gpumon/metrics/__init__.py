@@ -18,6 +18,7 @@ from gpumon.metrics.mig import *  # noqa: F403
 from gpumon.metrics.events import *  # noqa: F403
 from gpumon.metrics.processes import *  # noqa: F403
 from gpumon.metrics.host import *  # noqa: F403
+from gpumon.metrics.training import *  # noqa: F403
 from gpumon.metrics.docs import PROCESS_METRICS, render_markdown
 # isort: on
 

@@ -16,7 +16,7 @@ GPU = ("gpu", "uuid")
 @dataclass(frozen=True)
 class Metric:
     name: str
-    type: str  # "gauge" or "counter"
+    type: str  # "gauge", "counter" or "histogram"
     help: str
     labels: tuple[str, ...]
     unit: str

@@ -1,0 +1,89 @@
+"""gpumon diagnose: why is my job slow? The daemon's verdict per job and rank, with evidence and advice."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import textwrap
+from typing import Any
+
+from gpumon.cli.daemon_api import default_url, get_json, job_path
+from gpumon.config import Settings
+
+USES_GPUS = False  # it reads the daemon's API; no GPU options
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--job", metavar="NAME", help="one job (default: every job reporting to the daemon)")
+    p.add_argument("--url", metavar="URL", help="the daemon (default $GPUMON_URL or http://127.0.0.1:9478)")
+    p.add_argument("--json", action="store_true", help="print the daemon's JSON, evidence included")
+
+
+def run(settings: Settings, args: argparse.Namespace) -> int:
+    url = args.url or default_url()
+    if args.job is not None:
+        missing = f"no job {args.job!r} reports to the daemon at {url} (gpumon diagnose lists those that do)"
+        jobs = [get_json(url, job_path(args.job), missing=missing)]
+    else:
+        listing = get_json(url, "/v1/jobs")
+        jobs = [get_json(url, job_path(j["job"])) for j in listing.get("jobs", [])]
+    if args.json:
+        print(json.dumps(jobs, indent=2))
+        return 0
+    if not jobs:
+        print(
+            f"No training or inference job reports to the daemon at {url}.\n"
+            "Add the SDK to the training loop (docs/sdk.md): reporter = gpumon.client.Reporter(job=...); "
+            "reporter.step(tokens=...)."
+        )
+        return 0
+    print("\n\n".join(render(job) for job in jobs))
+    return 0
+
+
+def _pct(x: object) -> str:
+    return f"{100 * x:.1f} %" if isinstance(x, int | float) else "n/a"
+
+
+def _num(x: object, unit: str = "") -> str:
+    if not isinstance(x, int | float):
+        return "n/a"
+    return f"{x:,.0f}{unit}" if abs(x) >= 100 else f"{x:.3g}{unit}"
+
+
+def _evidence_lines(diagnosis: dict[str, Any]) -> list[str]:
+    lines = []
+    for e in diagnosis.get("evidence", []):
+        met = {True: "yes", False: "no", None: "not measured"}[e.get("met")]
+        value, threshold = _pct(e.get("value")), _pct(e["threshold"])
+        lines.append(f"    {e['signal']:<22} {value:>9}  {e['op']} {threshold:>7}  {met}")
+    return lines
+
+
+def render(job: dict[str, Any]) -> str:
+    d = job["diagnosis"]
+    out = [
+        f"Job {job['job']}: {job['ranks_on_node']} rank(s) on this node, "
+        f"{_num(job.get('tokens_per_second'))} tokens/s, MFU {_pct(job.get('mfu'))} "
+        f"(window {job.get('window_seconds', 0):g} s)",
+        f"  Verdict: {d['bottleneck'].replace('_', ' ')}. {d['summary'][0].upper()}{d['summary'][1:]}.",
+        "  Evidence (signal, value, test, threshold, met):",
+        *_evidence_lines(d),
+    ]
+    if d.get("findings"):
+        out.append("  Also true: " + ", ".join(f.replace("_", " ") for f in d["findings"]) + ".")
+    out += textwrap.wrap("Advice: " + d["advice"], width=100, initial_indent="  ", subsequent_indent="    ")
+    out.append("  Ranks:")
+    for r in job.get("ranks", []):
+        gpus = ", ".join(f"GPU {g['index']} {g['name']}" for g in r.get("gpus", [])) or "no GPU known"
+        rates = r.get("rates", {})
+        phases = rates.get("phase_ratios") or {}
+        problem = r.get("peak_problem") or "no FLOPs per token reported"
+        why = "" if r.get("mfu") is not None else f" (no MFU: {problem})"
+        out.append(
+            f"    rank {r['rank']} on {gpus}: {_num(rates.get('tokens_per_second'))} tokens/s, "
+            f"step {_num(rates.get('step_time_seconds'), ' s')}, MFU {_pct(r.get('mfu'))}{why}, "
+            f"data wait {_pct(phases.get('data_wait'))}, communication {_pct(phases.get('communication'))}, "
+            f"straggler {_num(r.get('straggler_score'))} -> {r['diagnosis']['bottleneck'].replace('_', ' ')}"
+        )
+    return "\n".join(out)

@@ -1,0 +1,216 @@
+"""What training and inference processes report through the SDK, and what the daemon derives from it.
+
+Every series is per ``job_name`` (not ``job``: Prometheus owns that label for the scrape job) and, except
+the job-level rows, per ``rank`` (the global rank). Which GPUs a rank uses is in
+``gpumon_training_rank_gpu_info``; join GPU series with
+``* on(uuid) group_left(job_name, rank) gpumon_training_rank_gpu_info``.
+"""
+
+from __future__ import annotations
+
+from gpumon.metrics.registry import metric, section
+
+JOB = ("job_name",)
+RANK = ("job_name", "rank")
+
+section("Training and inference jobs: reported by the SDK")
+RANK_INFO = metric(
+    "gpumon_training_rank_info",
+    "gauge",
+    "A rank reporting to this node's daemon, with what it declared; 1 while it reports.",
+    (*RANK, "world_size", "local_rank", "kind", "workload", "dtype", "flops_convention"),
+    source="SDK report",
+)
+RANK_GPU_INFO = metric(
+    "gpumon_training_rank_gpu_info",
+    "gauge",
+    "A GPU a rank uses (from the device it reported, else from NVML's process list by its pid); 1.",
+    (*RANK, "gpu", "uuid", "via"),
+    source="SDK report devices / nvmlDeviceGetComputeRunningProcesses",
+)
+LAST_REPORT = metric(
+    "gpumon_training_last_report_timestamp_seconds",
+    "gauge",
+    "Unix time of the rank's latest report.",
+    RANK,
+    "seconds",
+    "SDK report",
+)
+LAST_PROGRESS = metric(
+    "gpumon_training_last_progress_timestamp_seconds",
+    "gauge",
+    "Unix time of the rank's latest step (or request): a rank that reports but makes no progress is stuck.",
+    RANK,
+    "seconds",
+    "SDK step() / request()",
+)
+RESTARTS = metric(
+    "gpumon_training_restarts_total",
+    "counter",
+    "Times the rank came back as a new process (a new SDK incarnation); counters continue across restarts.",
+    RANK,
+    source="SDK report incarnation",
+)
+STEPS = metric("gpumon_training_steps_total", "counter", "Optimizer steps.", RANK, source="SDK step()")
+TOKENS = metric(
+    "gpumon_training_tokens_total",
+    "counter",
+    "Tokens processed (training) or generated (inference).",
+    RANK,
+    source="SDK step(tokens=) / request(tokens=)",
+)
+SAMPLES_TOTAL = metric(
+    "gpumon_training_samples_total", "counter", "Samples (sequences) processed.", RANK, source="SDK step()"
+)
+REQUESTS = metric(
+    "gpumon_training_requests_total", "counter", "Inference requests served.", RANK, source="SDK request()"
+)
+STEP_DURATION = metric(
+    "gpumon_training_step_duration_seconds",
+    "histogram",
+    "Time between consecutive optimizer steps.",
+    RANK,
+    "seconds",
+    "SDK step()",
+)
+REQUEST_DURATION = metric(
+    "gpumon_training_request_duration_seconds",
+    "histogram",
+    "Inference request latency as the server measured it.",
+    RANK,
+    "seconds",
+    "SDK request(latency=)",
+)
+PHASE_SECONDS = metric(
+    "gpumon_training_phase_seconds_total",
+    "counter",
+    "Host wall time spent in each phase of the step (data_wait, forward_backward, communication, "
+    "optimizer, checkpoint, or a custom name).",
+    (*RANK, "phase"),
+    "seconds",
+    "SDK phase()",
+)
+
+section("Training and inference jobs: derived by the daemon")
+TOKENS_RATE = metric(
+    "gpumon_training_tokens_per_second",
+    "gauge",
+    "Tokens per second over the sliding window (--rate-window); 0 when no step landed in it.",
+    RANK,
+    source="window over reported totals",
+)
+SAMPLES_RATE = metric(
+    "gpumon_training_samples_per_second",
+    "gauge",
+    "Samples per second over the sliding window.",
+    RANK,
+    source="window over reported totals",
+)
+STEP_TIME = metric(
+    "gpumon_training_step_time_seconds",
+    "gauge",
+    "Mean time between steps over the sliding window.",
+    RANK,
+    "seconds",
+    "window over the step histogram",
+)
+PHASE_RATIO = metric(
+    "gpumon_training_phase_ratio",
+    "gauge",
+    "Share of wall time spent in the phase over the sliding window (data-wait share, communication share).",
+    (*RANK, "phase"),
+    "ratio",
+    "window over phase seconds",
+)
+FLOPS = metric(
+    "gpumon_training_flops_per_second",
+    "gauge",
+    "Achieved model FLOP/s: tokens per second times the reported FLOPs per token.",
+    RANK,
+    source="tokens/s x flops_per_token",
+)
+PEAK_FLOPS = metric(
+    "gpumon_training_peak_flops_per_second",
+    "gauge",
+    "Dense peak FLOP/s of the rank's GPUs for its dtype, the denominator of MFU; absent for GPUs not in the "
+    "peak table (set --peak-tflops).",
+    RANK,
+    source="peak table by GPU name and dtype, or override",
+)
+MFU = metric(
+    "gpumon_training_mfu_ratio",
+    "gauge",
+    "Model FLOPs utilisation: achieved FLOP/s over the GPUs' dense peak.",
+    RANK,
+    "ratio",
+    "flops / peak",
+)
+TOKENS_PER_JOULE = metric(
+    "gpumon_training_tokens_per_joule",
+    "gauge",
+    "Tokens per joule of the rank's GPUs' energy over the sliding window (a GPU shared by several ranks "
+    "is split evenly among them).",
+    RANK,
+    source="tokens/s over nvmlDeviceGetTotalEnergyConsumption rate",
+)
+BOTTLENECK = metric(
+    "gpumon_training_bottleneck",
+    "gauge",
+    "The rank's diagnosed bottleneck, one-hot (1 for the verdict, 0 for the others); evidence in "
+    "GET /v1/jobs/{job} and `gpumon diagnose`.",
+    (*RANK, "bottleneck"),
+    source="diagnosis",
+)
+STRAGGLER = metric(
+    "gpumon_training_straggler_score",
+    "gauge",
+    "How much slower the rank is than the median of its job's ranks on this node, 0 (at or faster than "
+    "the median) to 1: 1 - median/own of the busy time per step (step time less communication and "
+    "data wait, where reported), else of the time per token.",
+    RANK,
+    source="diagnosis",
+)
+
+section("Training and inference jobs: per job on this node")
+JOB_RANKS = metric(
+    "gpumon_training_job_ranks", "gauge", "Ranks of the job reporting to this node.", JOB, source="SDK"
+)
+JOB_TOKENS_RATE = metric(
+    "gpumon_training_job_tokens_per_second",
+    "gauge",
+    "Tokens per second of the job's ranks on this node (sum; sum across nodes in PromQL).",
+    JOB,
+    source="sum of ranks",
+)
+JOB_MFU = metric(
+    "gpumon_training_job_mfu_ratio",
+    "gauge",
+    "MFU of the job's ranks on this node: their achieved FLOP/s over their GPUs' summed peak.",
+    JOB,
+    "ratio",
+    "sum flops / sum peak",
+)
+JOB_BOTTLENECK = metric(
+    "gpumon_training_job_bottleneck",
+    "gauge",
+    "The job's diagnosed bottleneck on this node, one-hot.",
+    (*JOB, "bottleneck"),
+    source="diagnosis",
+)
+
+section("Ingest")
+INGEST_REPORTS = metric(
+    "gpumon_ingest_reports_total",
+    "counter",
+    "Reports received, by outcome (accepted, duplicate, or the reason for refusing: invalid, "
+    "unauthorized, forbidden, too_large, job_limit, rank_limit).",
+    ("outcome",),
+    source="POST /v1/report",
+)
+INGEST_EXPIRED = metric(
+    "gpumon_ingest_expired_ranks_total",
+    "counter",
+    "Ranks dropped after not reporting for --rank-ttl (or after their final report).",
+    (),
+    source="job store",
+)

@@ -1,0 +1,342 @@
+"""Join what ranks report with what the GPUs show: rates, MFU, tokens per joule, diagnosis, stragglers.
+
+Computed on demand (a scrape, GET /v1/jobs) from the store's views and the sampler's latest snapshot; it
+never calls NVML. Peak FLOP/s come, in order, from the rank's own report, the operator's override
+(--peak-tflops) and the peak table; a GPU the table does not know leaves MFU absent, with a warning,
+rather than borrowing another GPU's figure.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from gpumon.gpu.snapshot import Snapshot
+from gpumon.training import peaks
+from gpumon.training.diagnosis import Signals, Thresholds, Verdict, diagnose, straggler_scores
+from gpumon.training.gpus import GpuHistory, GpuWindow, resolve
+from gpumon.training.store import JobStore, RankView
+from gpumon.training.window import Rates, measure
+
+log = logging.getLogger(__name__)
+_MIG_SLICES = re.compile(r"^(\d+)g\.")
+MIG_COMPUTE_SLICES = 7.0  # A100, H100, H200: a "1g" instance has one seventh of the SMs
+
+
+@dataclass(frozen=True, slots=True)
+class GpuUse:
+    window: GpuWindow
+    via: str  # device, mig or process
+    mig_profile: str | None
+    sharers: int  # ranks on this node using the same GPU
+
+
+@dataclass(frozen=True, slots=True)
+class Peak:
+    flops: float | None
+    source: str | None  # report, override or table
+    problem: str | None  # why there is none
+
+
+@dataclass(frozen=True, slots=True)
+class RankResult:
+    view: RankView
+    rates: Rates
+    gpus: tuple[GpuUse, ...]
+    peak: Peak
+    flops: float | None
+    mfu: float | None
+    tokens_per_joule: float | None
+    signals: Signals
+    verdict: Verdict
+    straggler: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class JobResult:
+    job: str
+    ranks: tuple[RankResult, ...]
+    tokens_per_second: float | None
+    mfu: float | None
+    signals: Signals
+    verdict: Verdict
+
+
+def _mean(values: list[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return sum(known) / len(known) if known else None
+
+
+def _max(values: list[float | None]) -> float | None:
+    return max((v for v in values if v is not None), default=None)
+
+
+class Analysis:
+    def __init__(
+        self,
+        store: JobStore,
+        source: Callable[[], Snapshot | None],
+        *,
+        thresholds: Thresholds | None = None,
+        peak_override: Mapping[str, float] | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.store = store
+        self.source = source
+        self.thresholds = thresholds or Thresholds()
+        self.peak_override = dict(peak_override or {})  # dtype (or "*") → FLOP/s per GPU
+        self.clock = clock
+        self.history = GpuHistory()
+        self._warned: set[tuple[str, str]] = set()
+
+    @property
+    def window(self) -> float:
+        return self.store.window
+
+    def observe(self) -> None:
+        """Feed the GPU history with the latest snapshot (cheap when it has not changed)."""
+        self.history.observe(self.source(), self.window)
+
+    def jobs(self, now: float | None = None) -> list[JobResult]:
+        now = self.clock() if now is None else now
+        snap = self.source()
+        self.history.observe(snap, self.window)
+        views = self.store.views(now)
+        resolved = {
+            v.report.job + "\0" + str(v.report.rank): resolve(v.report.devices, v.report.pid, snap)
+            for v in views
+        }
+        sharers: dict[str, int] = {}
+        for found in resolved.values():
+            for st, _, _ in found:
+                sharers[st.info.uuid] = sharers.get(st.info.uuid, 0) + 1
+        by_job: dict[str, list[RankResult]] = {}
+        for v in views:
+            uses = tuple(
+                GpuUse(self.history.window(st, now, self.window), via, profile, sharers[st.info.uuid])
+                for st, via, profile in resolved[v.report.job + "\0" + str(v.report.rank)]
+            )
+            by_job.setdefault(v.report.job, []).append(self._rank(v, uses, now))
+        return [self._job(job, ranks) for job, ranks in sorted(by_job.items())]
+
+    def _rank(self, v: RankView, uses: tuple[GpuUse, ...], now: float) -> RankResult:
+        r = v.report
+        rates = measure(v, now, self.window)
+        peak = self._peak(v, uses)
+        flops = None
+        if r.flops_per_token is not None and rates.tokens_per_second is not None:
+            flops = rates.tokens_per_second * r.flops_per_token
+        mfu = flops / peak.flops if flops is not None and peak.flops else None
+        watts = [u.window.power_watts / u.sharers for u in uses if u.window.power_watts is not None]
+        tpj = None
+        if rates.tokens_per_second is not None and watts and len(watts) == len(uses) and sum(watts) > 0:
+            tpj = rates.tokens_per_second / sum(watts)
+        signals = self._signals(rates, uses, mfu)
+        return RankResult(
+            v, rates, uses, peak, flops, mfu, tpj, signals, diagnose(signals, self.thresholds), None
+        )
+
+    def _peak(self, v: RankView, uses: tuple[GpuUse, ...]) -> Peak:
+        r = v.report
+        if not uses:
+            return Peak(
+                None, None, "no GPU known for this rank: report device= or run where NVML sees its pid"
+            )
+        if r.peak_flops is not None:
+            return Peak(r.peak_flops * len(uses), "report", None)
+        if r.dtype is None:
+            return Peak(None, None, "the rank did not report its dtype (Reporter(dtype=...))")
+        total = 0.0
+        source = "table"
+        for u in uses:
+            per_gpu = self.peak_override.get(r.dtype, self.peak_override.get("*"))
+            if per_gpu is not None:
+                source = "override"
+            else:
+                per_gpu = peaks.peak_flops(u.window.name, r.dtype)
+            if per_gpu is None:
+                key = (u.window.name, r.dtype)
+                if key not in self._warned:
+                    self._warned.add(key)
+                    log.warning(
+                        "no %s peak FLOP/s known for %r: MFU is left out for jobs on it; set "
+                        "--peak-tflops (e.g. %s=NNN) to supply the datasheet figure",
+                        r.dtype,
+                        u.window.name,
+                        r.dtype,
+                    )
+                return Peak(None, None, f"no {r.dtype} peak known for {u.window.name!r}: set --peak-tflops")
+            total += per_gpu * _mig_fraction(u.mig_profile)
+        return Peak(total, source, None)
+
+    def _signals(self, rates: Rates, uses: tuple[GpuUse, ...], mfu: float | None) -> Signals:
+        w = [u.window for u in uses]
+        nvlink = []
+        for g in w:
+            known = peaks.lookup(g.name)
+            capacity = known.nvlink_total_bytes_per_second if known else None
+            if g.nvlink_bytes_per_second is not None and capacity:
+                nvlink.append(g.nvlink_bytes_per_second / capacity)
+        return Signals(
+            progressing=rates.progressing,
+            utilization=_mean([g.utilization for g in w]),
+            data_wait_share=rates.phase_ratios.get("data_wait"),
+            communication_share=rates.phase_ratios.get("communication"),
+            nvlink_utilization=_max(list(nvlink)),
+            pcie_utilization=_max([g.pcie_utilization for g in w]),
+            sm_active=_mean([g.sm_active for g in w]),
+            tensor_active=_mean([g.tensor_active for g in w]),
+            dram_active=_mean([g.dram_active for g in w]),
+            throttled_share=_max([g.throttled_share for g in w]),
+            memory_used_ratio=_max([g.memory_used_ratio for g in w]),
+            mfu=mfu,
+        )
+
+    def _job(self, job: str, ranks: list[RankResult]) -> JobResult:
+        scores = straggler_scores(_costs(ranks))
+        ranks = [_with_straggler(r, s) for r, s in zip(ranks, scores, strict=True)]
+        rates = [r.rates.tokens_per_second for r in ranks]
+        known = [x for x in rates if x is not None]
+        flops = [r.flops for r in ranks]
+        peak = [r.peak.flops for r in ranks]
+        mfu = None
+        if all(f is not None for f in flops) and all(p for p in peak):
+            mfu = sum(f for f in flops if f is not None) / sum(p for p in peak if p)
+        sig = [r.signals for r in ranks]
+        progressing = [s.progressing for s in sig if s.progressing is not None]
+        signals = Signals(
+            progressing=any(progressing) if progressing else None,
+            utilization=_mean([s.utilization for s in sig]),
+            data_wait_share=_mean([s.data_wait_share for s in sig]),
+            communication_share=_mean([s.communication_share for s in sig]),
+            nvlink_utilization=_max([s.nvlink_utilization for s in sig]),
+            pcie_utilization=_max([s.pcie_utilization for s in sig]),
+            sm_active=_mean([s.sm_active for s in sig]),
+            tensor_active=_mean([s.tensor_active for s in sig]),
+            dram_active=_mean([s.dram_active for s in sig]),
+            throttled_share=_max([s.throttled_share for s in sig]),
+            memory_used_ratio=_max([s.memory_used_ratio for s in sig]),
+            mfu=mfu,
+        )
+        return JobResult(
+            job, tuple(ranks), sum(known) if known else None, mfu, signals, diagnose(signals, self.thresholds)
+        )
+
+
+def _mig_fraction(profile: str | None) -> float:
+    m = _MIG_SLICES.match(profile or "")
+    return min(1.0, int(m.group(1)) / MIG_COMPUTE_SLICES) if m else 1.0
+
+
+def _costs(ranks: list[RankResult]) -> list[float | None]:
+    """Per rank, the time it needs for its own work: busy seconds per step when every rank reports its
+    communication or data-wait phase (in synchronous data parallelism all ranks share one step time; the
+    straggler is the one the others wait for), else seconds per token."""
+    phased = all(
+        r.rates.step_time_seconds is not None
+        and ("communication" in r.rates.phase_ratios or "data_wait" in r.rates.phase_ratios)
+        for r in ranks
+    )
+    out: list[float | None] = []
+    for r in ranks:
+        rt = r.rates
+        if phased and rt.step_time_seconds is not None:
+            waiting = rt.phase_ratios.get("communication", 0.0) + rt.phase_ratios.get("data_wait", 0.0)
+            out.append(rt.step_time_seconds * max(0.0, 1.0 - waiting))
+        elif rt.tokens_per_second:
+            out.append(1.0 / rt.tokens_per_second)
+        else:
+            out.append(None)
+    return out
+
+
+def _with_straggler(r: RankResult, score: float | None) -> RankResult:
+    return RankResult(
+        r.view, r.rates, r.gpus, r.peak, r.flops, r.mfu, r.tokens_per_joule, r.signals, r.verdict, score
+    )
+
+
+def job_json(j: JobResult, window: float) -> dict[str, Any]:
+    """GET /v1/jobs/{job}: everything the daemon knows and concludes, with the evidence."""
+    return {
+        "job": j.job,
+        "window_seconds": window,
+        "ranks_on_node": len(j.ranks),
+        "tokens_per_second": j.tokens_per_second,
+        "mfu": j.mfu,
+        "diagnosis": j.verdict.json(),
+        "ranks": [_rank_json(r) for r in j.ranks],
+    }
+
+
+def _rank_json(r: RankResult) -> dict[str, Any]:
+    rep = r.view.report
+    off = r.view.offsets
+    rt = r.rates
+    span = rt.span
+    return {
+        "rank": rep.rank,
+        "world_size": rep.world_size,
+        "local_rank": rep.local_rank,
+        "kind": rep.kind,
+        "workload": rep.workload,
+        "pid": rep.pid,
+        "incarnation": rep.incarnation,
+        "restarts": r.view.restarts,
+        "final": rep.final,
+        "last_report": rep.time,
+        "last_progress": rep.updated,
+        "totals": {
+            "steps": off.steps + rep.totals.steps,
+            "tokens": off.tokens + rep.totals.tokens,
+            "samples": off.samples + rep.totals.samples,
+            "requests": off.requests + rep.totals.requests,
+        },
+        "phases_seconds": {k: off.phases.get(k, 0.0) + v for k, v in rep.phases.items()},
+        "rates": {
+            "progressing": rt.progressing,
+            "tokens_per_second": rt.tokens_per_second,
+            "samples_per_second": rt.samples_per_second,
+            "steps_per_second": rt.steps_per_second,
+            "requests_per_second": rt.requests_per_second,
+            "step_time_seconds": rt.step_time_seconds,
+            "phase_ratios": rt.phase_ratios,
+            "span": None
+            if span is None
+            else {"start": span.start, "end": span.end, "steps": span.steps, "tokens": span.tokens},
+        },
+        "dtype": rep.dtype,
+        "flops_per_token": rep.flops_per_token,
+        "flops_convention": rep.flops_convention,
+        "flops_per_second": r.flops,
+        "peak_flops_per_second": r.peak.flops,
+        "peak_source": r.peak.source,
+        "peak_problem": r.peak.problem,
+        "mfu": r.mfu,
+        "tokens_per_joule": r.tokens_per_joule,
+        "straggler_score": r.straggler,
+        "gpus": [
+            {
+                "index": u.window.index,
+                "uuid": u.window.uuid,
+                "name": u.window.name,
+                "via": u.via,
+                "mig_profile": u.mig_profile,
+                "shared_by_ranks": u.sharers,
+                "utilization": u.window.utilization,
+                "sm_active": u.window.sm_active,
+                "tensor_active": u.window.tensor_active,
+                "dram_active": u.window.dram_active,
+                "memory_used_bytes": u.window.memory_used_bytes,
+                "memory_total_bytes": u.window.memory_total_bytes,
+                "power_watts": u.window.power_watts,
+                "throttled_share": u.window.throttled_share,
+            }
+            for u in r.gpus
+        ],
+        "diagnosis": r.verdict.json(),
+    }

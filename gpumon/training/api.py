@@ -1,0 +1,175 @@
+"""HTTP for training telemetry: POST /v1/report (the SDK), GET /v1/jobs and /v1/jobs/{job} (people, tools).
+
+Ingest is for processes on this node: by default only loopback clients and the unix socket may report
+(403 otherwise), and with a token configured every report must carry it (401 otherwise). Bodies are
+bounded before they are read whole, so a client cannot make the daemon buffer more than MAX_BODY_BYTES.
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import APIRouter, Response
+from fastapi.responses import JSONResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from gpumon.client import protocol as P
+from gpumon.training import report as reports
+from gpumon.training.analysis import Analysis, job_json
+from gpumon.training.collector import IngestStats
+from gpumon.training.store import LimitExceeded, Stale
+
+
+@dataclass(frozen=True)
+class IngestPolicy:
+    token: str | None = None
+    allow_remote: bool = False
+
+
+def is_local(client: Sequence[Any] | None) -> bool:
+    """Loopback, or no peer address at all (a unix socket)."""
+    if client is None or not client[0]:
+        return True
+    try:
+        addr = ipaddress.ip_address(str(client[0]))
+    except ValueError:
+        return False
+    mapped = getattr(addr, "ipv4_mapped", None)
+    return addr.is_loopback or bool(mapped and mapped.is_loopback)
+
+
+class Ingest:
+    """POST /v1/report as a pure ASGI middleware in front of the web framework.
+
+    Reports are the one request that arrives thousands of times a second on a busy node; routing them
+    through FastAPI's request and dependency machinery cost about as much as validating and storing them
+    (docs/performance.md), so they are answered here and everything else passes through.
+    """
+
+    def __init__(self, app: ASGIApp, analysis: Analysis, stats: IngestStats, policy: IngestPolicy) -> None:
+        self.app = app
+        self.analysis = analysis
+        self.stats = stats
+        self.policy = policy
+        self.expected = None if policy.token is None else f"Bearer {policy.token}".encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] != P.PATH:
+            await self.app(scope, receive, send)
+            return
+        status, detail = await self._handle(scope, receive)
+        headers = [(b"content-type", b"application/json")]
+        if status == 401:
+            headers.append((b"www-authenticate", b"Bearer"))
+        if status == 405:
+            headers.append((b"allow", b"POST"))
+        body = b"" if status == 204 else json.dumps({"detail": detail}).encode()
+        headers.append((b"content-length", str(len(body)).encode()))
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+    def _refuse(self, outcome: str, status: int, detail: str) -> tuple[int, str]:
+        self.stats.count(outcome)
+        return status, detail
+
+    async def _handle(self, scope: Scope, receive: Receive) -> tuple[int, str]:
+        if scope["method"] != "POST":
+            return 405, f"{P.PATH} takes POST"
+        if not self.policy.allow_remote and not is_local(scope.get("client")):
+            return self._refuse(
+                "forbidden",
+                403,
+                "reports are accepted from this node only (loopback or the unix socket); start gpumon with "
+                "--ingest-allow-remote to change that",
+            )
+        headers = dict(scope["headers"])
+        if self.expected is not None and not hmac.compare_digest(
+            headers.get(b"authorization", b""), self.expected
+        ):
+            return self._refuse("unauthorized", 401, "missing or wrong bearer token (GPUMON_INGEST_TOKEN)")
+        body = await _body(headers.get(b"content-length"), receive)
+        if body is None:
+            return self._refuse("too_large", 413, f"report larger than {P.MAX_BODY_BYTES} bytes")
+        try:
+            data = json.loads(body)
+        except (ValueError, RecursionError) as exc:
+            return self._refuse("invalid", 400, f"the body is not JSON: {exc}")
+        try:
+            report = reports.parse(data)
+        except reports.InvalidReport as exc:
+            return self._refuse("invalid", 422, str(exc))
+        try:
+            self.analysis.store.ingest(report, time.time())
+        except Stale:
+            self.stats.count("duplicate")
+            return 204, ""
+        except LimitExceeded as exc:
+            return self._refuse(exc.outcome, 429, str(exc))
+        except ValueError as exc:
+            return self._refuse("invalid", 422, str(exc))
+        self.stats.count("accepted")
+        self.analysis.observe()
+        return 204, ""
+
+
+async def _body(length: bytes | None, receive: Receive) -> bytes | None:
+    """The body, or None once it passes the limit (read no further)."""
+    if length is not None and length.isdigit() and int(length) > P.MAX_BODY_BYTES:
+        return None
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return b"".join(chunks)
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > P.MAX_BODY_BYTES:
+            return None
+        chunks.append(chunk)
+        if not message.get("more_body"):
+            return b"".join(chunks)
+
+
+def router(analysis: Analysis) -> APIRouter:
+    """GET /v1/jobs and /v1/jobs/{job}."""
+    api = APIRouter()
+
+    @api.get("/v1/jobs", summary="Jobs reporting to this node: rates, MFU, verdict")
+    def jobs() -> Response:
+        return JSONResponse(
+            {
+                "window_seconds": analysis.window,
+                "jobs": [
+                    {
+                        "job": j.job,
+                        "ranks_on_node": len(j.ranks),
+                        "tokens_per_second": j.tokens_per_second,
+                        "mfu": j.mfu,
+                        "bottleneck": j.verdict.bottleneck,
+                        "summary": j.verdict.summary,
+                    }
+                    for j in analysis.jobs()
+                ],
+            }
+        )
+
+    @api.get(
+        "/v1/jobs/{job:path}", summary="One job: every rank's figures, its GPUs, the diagnosis and evidence"
+    )
+    def job(job: str) -> Response:
+        for j in analysis.jobs():
+            if j.job == job:
+                return JSONResponse(job_json(j, analysis.window))
+        return JSONResponse(
+            {"detail": f"no job {job!r} reports to this node (GET /v1/jobs lists those that do)"},
+            status_code=404,
+        )
+
+    return api

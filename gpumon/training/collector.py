@@ -1,0 +1,152 @@
+"""Job store + analysis → Prometheus metric families, built fresh per scrape (reports arrive between them)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+
+from gpumon import metrics as M
+from gpumon.client import protocol as P
+from gpumon.training.analysis import Analysis, JobResult, RankResult
+from gpumon.training.diagnosis import BOTTLENECKS
+
+OUTCOMES = (
+    "accepted",
+    "duplicate",
+    "invalid",
+    "unauthorized",
+    "forbidden",
+    "too_large",
+    "job_limit",
+    "rank_limit",
+)
+_TRAINING = [m for m in M.REGISTRY if m.name.startswith("gpumon_training_")]
+_LE = [*(f"{b:g}" for b in P.BUCKETS), "+Inf"]
+
+
+class IngestStats:
+    """Report outcomes since start; every outcome is exported from the start, so rate() sees the first."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.counts = dict.fromkeys(OUTCOMES, 0)
+
+    def count(self, outcome: str) -> None:
+        with self._lock:
+            self.counts[outcome] += 1
+
+
+Family = GaugeMetricFamily | CounterMetricFamily | HistogramMetricFamily
+
+
+def _family(m: M.Metric) -> Family:
+    if m.type == "histogram":
+        return HistogramMetricFamily(m.name, m.help, labels=m.labels)
+    cls = CounterMetricFamily if m.type == "counter" else GaugeMetricFamily
+    return cls(m.name, m.help, labels=m.labels)
+
+
+def _buckets(offset: tuple[float, ...], counts: tuple[float, ...]) -> list[tuple[str, float]]:
+    total = 0.0
+    out = []
+    for le, a, b in zip(_LE, offset, counts, strict=True):
+        total += a + b
+        out.append((le, total))
+    return out
+
+
+class TrainingCollector:
+    def __init__(self, analysis: Analysis, stats: IngestStats) -> None:
+        self.analysis = analysis
+        self.stats = stats
+
+    def collect(self) -> Iterator[Metric]:
+        f: dict[str, Any] = {m.name: _family(m) for m in _TRAINING}
+        for job in self.analysis.jobs():
+            _add_job(f, job)
+        yield from (fam for fam in f.values() if fam.samples)
+        reports = CounterMetricFamily(
+            M.INGEST_REPORTS.name, M.INGEST_REPORTS.help, labels=M.INGEST_REPORTS.labels
+        )
+        for outcome, n in self.stats.counts.items():
+            reports.add_metric([outcome], n)
+        yield reports
+        expired = CounterMetricFamily(M.INGEST_EXPIRED.name, M.INGEST_EXPIRED.help, labels=())
+        expired.add_metric([], self.analysis.store.expired)
+        yield expired
+
+
+def _opt(f: dict[str, Any], m: M.Metric, labels: list[str], value: float | None) -> None:
+    if value is not None:
+        f[m.name].add_metric(labels, value)
+
+
+def _add_job(f: dict[str, Any], j: JobResult) -> None:
+    jl = [j.job]
+    f[M.JOB_RANKS.name].add_metric(jl, len(j.ranks))
+    _opt(f, M.JOB_TOKENS_RATE, jl, j.tokens_per_second)
+    _opt(f, M.JOB_MFU, jl, j.mfu)
+    for b in BOTTLENECKS:
+        f[M.JOB_BOTTLENECK.name].add_metric([*jl, b], 1 if j.verdict.bottleneck == b else 0)
+    for r in j.ranks:
+        _add_rank(f, r)
+
+
+def _add_rank(f: dict[str, Any], r: RankResult) -> None:
+    rep = r.view.report
+    off = r.view.offsets
+    rl = [rep.job, str(rep.rank)]
+    f[M.RANK_INFO.name].add_metric(
+        [
+            *rl,
+            str(rep.world_size),
+            "" if rep.local_rank is None else str(rep.local_rank),
+            rep.kind,
+            rep.workload or "",
+            rep.dtype or "",
+            rep.flops_convention or "",
+        ],
+        1,
+    )
+    for u in r.gpus:
+        f[M.RANK_GPU_INFO.name].add_metric([*rl, str(u.window.index), u.window.uuid, u.via], 1)
+    f[M.LAST_REPORT.name].add_metric(rl, rep.time)
+    _opt(f, M.LAST_PROGRESS, rl, rep.updated)
+    f[M.RESTARTS.name].add_metric(rl, r.view.restarts)
+    t = rep.totals
+    f[M.STEPS.name].add_metric(rl, off.steps + t.steps)
+    f[M.TOKENS.name].add_metric(rl, off.tokens + t.tokens)
+    f[M.SAMPLES_TOTAL.name].add_metric(rl, off.samples + t.samples)
+    if rep.kind == "inference" or off.requests + t.requests:
+        f[M.REQUESTS.name].add_metric(rl, off.requests + t.requests)
+    h = rep.step_seconds
+    f[M.STEP_DURATION.name].add_metric(rl, _buckets(off.step_counts, h.counts), off.step_sum + h.sum)
+    if rep.request_seconds is not None:
+        q = rep.request_seconds
+        f[M.REQUEST_DURATION.name].add_metric(
+            rl, _buckets(off.request_counts, q.counts), off.request_sum + q.sum
+        )
+    for phase in sorted(set(rep.phases) | set(off.phases)):
+        seconds = rep.phases.get(phase, 0.0) + off.phases.get(phase, 0.0)
+        f[M.PHASE_SECONDS.name].add_metric([*rl, phase], seconds)
+    rt = r.rates
+    _opt(f, M.TOKENS_RATE, rl, rt.tokens_per_second)
+    _opt(f, M.SAMPLES_RATE, rl, rt.samples_per_second)
+    _opt(f, M.STEP_TIME, rl, rt.step_time_seconds)
+    for phase, ratio in sorted(rt.phase_ratios.items()):
+        f[M.PHASE_RATIO.name].add_metric([*rl, phase], ratio)
+    _opt(f, M.FLOPS, rl, r.flops)
+    _opt(f, M.PEAK_FLOPS, rl, r.peak.flops)
+    _opt(f, M.MFU, rl, r.mfu)
+    _opt(f, M.TOKENS_PER_JOULE, rl, r.tokens_per_joule)
+    for b in BOTTLENECKS:
+        f[M.BOTTLENECK.name].add_metric([*rl, b], 1 if r.verdict.bottleneck == b else 0)
+    _opt(f, M.STRAGGLER, rl, r.straggler)

@@ -1,0 +1,209 @@
+"""The GPU side of a rank: which GPUs it uses, and their activity averaged over the rate window.
+
+The sampler's snapshots are instantaneous; a diagnosis over one sample would flap with every kernel. This
+keeps a short per-GPU history (one point per sweep, fed from whatever snapshot the daemon last took) and
+averages it over the same window as the rank's rates, so GPU evidence and training evidence cover one span.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from gpumon.gpu.snapshot import GpuStatus, Snapshot
+from gpumon.gpu.types import GpuReading
+
+# clock-event reasons that cost throughput: power caps, thermal limits and hardware slowdowns
+THROTTLING = 0x004 | 0x008 | 0x020 | 0x040 | 0x080
+# per lane and direction, bytes/s after encoding overhead (gen 1-2: 8b/10b; 3+: 128b/130b; 6: PAM4/FLIT)
+PCIE_LANE = {1: 0.25e9, 2: 0.5e9, 3: 0.985e9, 4: 1.969e9, 5: 3.938e9, 6: 7.563e9}
+MAX_HISTORY = 1024
+
+
+class GpuPoint(NamedTuple):
+    t: float
+    utilization: float | None
+    sm_active: float | None
+    tensor_active: float | None
+    dram_active: float | None
+    memory_used_ratio: float | None
+    energy: float | None
+    power: float | None
+    nvlink_bytes: float | None  # cumulative tx + rx
+    nvlink_rate: float | None  # tx + rx bytes/s where the profiler measured it
+    pcie_rate: float | None  # the busier direction, bytes/s
+    pcie_capacity: float | None  # per direction, bytes/s
+    throttled: bool | None
+
+
+@dataclass(frozen=True, slots=True)
+class GpuWindow:
+    """One GPU over the window: means of ratios, rates from counters."""
+
+    index: int
+    uuid: str
+    name: str
+    up: bool
+    points: int
+    utilization: float | None
+    sm_active: float | None
+    tensor_active: float | None
+    dram_active: float | None
+    memory_used_ratio: float | None  # the latest, not a mean: capacity pressure is about now
+    memory_used_bytes: float | None
+    memory_total_bytes: float | None
+    power_watts: float | None
+    nvlink_bytes_per_second: float | None
+    pcie_utilization: float | None
+    throttled_share: float | None
+    throttle_reasons: int | None
+
+
+def _point(t: float, r: GpuReading) -> GpuPoint:
+    p = r.profiling
+    used = (
+        r.memory_used_bytes / r.memory_total_bytes
+        if r.memory_used_bytes is not None and r.memory_total_bytes
+        else None
+    )
+    nvl = (
+        r.nvlink_transmit_bytes + r.nvlink_receive_bytes
+        if r.nvlink_transmit_bytes is not None and r.nvlink_receive_bytes is not None
+        else None
+    )
+    nvl_rate = None
+    if p is not None and p.nvlink_transmit_bytes_per_second is not None:
+        nvl_rate = p.nvlink_transmit_bytes_per_second + (p.nvlink_receive_bytes_per_second or 0.0)
+    pcie = [x for x in (r.pcie_transmit_bytes_per_second, r.pcie_receive_bytes_per_second) if x is not None]
+    lane = PCIE_LANE.get(r.pcie_link_generation or 0)
+    return GpuPoint(
+        t,
+        r.utilization_ratio,
+        None if p is None else p.sm_active_ratio,
+        None if p is None else p.tensor_active_ratio,
+        None if p is None else p.dram_active_ratio,
+        used,
+        r.energy_joules,
+        r.power_watts,
+        nvl,
+        nvl_rate,
+        max(pcie) if pcie else None,
+        lane * r.pcie_link_width if lane and r.pcie_link_width else None,
+        None if r.throttle_reasons is None else bool(r.throttle_reasons & THROTTLING),
+    )
+
+
+def _mean(values: Sequence[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return sum(known) / len(known) if known else None
+
+
+def _counter_rate(points: Sequence[GpuPoint], attr: str) -> float | None:
+    known = [(p.t, getattr(p, attr)) for p in points if getattr(p, attr) is not None]
+    if len(known) < 2 or known[-1][0] <= known[0][0] or known[-1][1] < known[0][1]:
+        return None  # one point, or a counter that reset (driver reload) inside the window
+    return (known[-1][1] - known[0][1]) / (known[-1][0] - known[0][0])
+
+
+class GpuHistory:
+    """Per-GPU points from successive snapshots. Thread-safe; observing the same snapshot twice is free."""
+
+    def __init__(self) -> None:
+        self._points: dict[str, deque[GpuPoint]] = {}
+        self._seen = -1
+        self._lock = threading.Lock()
+
+    def observe(self, snap: Snapshot | None, window: float) -> None:
+        if snap is None or snap.sweep == self._seen:
+            return
+        with self._lock:
+            if snap.sweep == self._seen:
+                return
+            self._seen = snap.sweep
+            live = set()
+            for st in snap.gpus:
+                live.add(st.info.uuid)
+                if st.reading is None:
+                    continue
+                points = self._points.setdefault(st.info.uuid, deque(maxlen=MAX_HISTORY))
+                points.append(_point(st.reading.timestamp, st.reading))
+                while len(points) > 2 and points[1].t < snap.timestamp - window:
+                    points.popleft()
+            for uuid in set(self._points) - live:  # a GPU that left the node
+                del self._points[uuid]
+
+    def window(self, st: GpuStatus, now: float, window: float) -> GpuWindow:
+        with self._lock:
+            points = [p for p in self._points.get(st.info.uuid, ()) if p.t >= now - window]
+        r = st.reading
+        energy_rate = _counter_rate(points, "energy")
+        nvl = _mean([p.nvlink_rate for p in points])
+        if nvl is None:
+            nvl = _counter_rate(points, "nvlink_bytes")
+        pcie = [p.pcie_rate / p.pcie_capacity for p in points if p.pcie_rate is not None and p.pcie_capacity]
+        throttled = [p.throttled for p in points if p.throttled is not None]
+        return GpuWindow(
+            index=st.info.index,
+            uuid=st.info.uuid,
+            name=st.info.name,
+            up=st.up,
+            points=len(points),
+            utilization=_mean([p.utilization for p in points]),
+            sm_active=_mean([p.sm_active for p in points]),
+            tensor_active=_mean([p.tensor_active for p in points]),
+            dram_active=_mean([p.dram_active for p in points]),
+            memory_used_ratio=points[-1].memory_used_ratio if points else None,
+            memory_used_bytes=None if r is None else r.memory_used_bytes,
+            memory_total_bytes=None if r is None else r.memory_total_bytes,
+            power_watts=energy_rate if energy_rate is not None else _mean([p.power for p in points]),
+            nvlink_bytes_per_second=nvl,
+            pcie_utilization=sum(pcie) / len(pcie) if pcie else None,
+            throttled_share=sum(throttled) / len(throttled) if throttled else None,
+            throttle_reasons=None if r is None else r.throttle_reasons,
+        )
+
+
+def _by_prefix(device: str, by_uuid: dict[str, GpuStatus]) -> GpuStatus | None:
+    """CUDA_VISIBLE_DEVICES may name a GPU by a unique prefix of its UUID ("GPU-8932f937"), and so does the
+    SDK when it passes that variable's entries on."""
+    if not device.startswith("GPU-"):
+        return None
+    found = [st for uuid, st in by_uuid.items() if uuid.startswith(device)]
+    return found[0] if len(found) == 1 else None
+
+
+def resolve(
+    devices: Sequence[str], pid: int, snap: Snapshot | None
+) -> list[tuple[GpuStatus, str, str | None]]:
+    """The GPUs a rank uses: (status, how we know, MIG profile or None).
+
+    ``device``: the rank said so (an NVML index or UUID); ``mig``: it named a MIG device; ``process``: NVML
+    lists its pid as a compute process (bare metal and hostPID pods; a containerised pid namespace hides it).
+    """
+    if snap is None:
+        return []
+    out: list[tuple[GpuStatus, str, str | None]] = []
+    by_index = {str(st.info.index): st for st in snap.gpus}
+    by_uuid = {st.info.uuid: st for st in snap.gpus}
+    for d in devices:
+        st = by_index.get(d) or by_uuid.get(d) or _by_prefix(d, by_uuid)
+        if st is not None:
+            out.append((st, "device", None))
+        elif d.startswith("MIG-"):
+            for st in snap.gpus:
+                mig = st.reading.mig if st.reading is not None else None
+                profile = next((m.profile for m in mig or () if m.uuid == d), None)
+                if profile is not None:
+                    out.append((st, "mig", profile))
+    if not out:
+        for st in snap.gpus:
+            procs = st.reading.processes if st.reading is not None else None
+            if procs and any(p.pid == pid for p in procs):
+                out.append((st, "process", None))
+    unique: dict[str, tuple[GpuStatus, str, str | None]] = {}
+    for found in out:
+        unique.setdefault(found[0].info.uuid, found)
+    return list(unique.values())

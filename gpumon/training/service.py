@@ -1,0 +1,38 @@
+"""The training-telemetry half of the daemon, assembled from settings: store, analysis, ingest policy."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from gpumon.config import Settings
+from gpumon.gpu.snapshot import Snapshot
+from gpumon.training.analysis import Analysis
+from gpumon.training.api import IngestPolicy
+from gpumon.training.collector import IngestStats, TrainingCollector
+from gpumon.training.diagnosis import Thresholds
+from gpumon.training.store import JobStore
+
+
+@dataclass(frozen=True)
+class Training:
+    analysis: Analysis
+    stats: IngestStats
+    policy: IngestPolicy
+
+    def collector(self) -> TrainingCollector:
+        return TrainingCollector(self.analysis, self.stats)
+
+
+def from_settings(settings: Settings, source: Callable[[], Snapshot | None]) -> Training:
+    store = JobStore(
+        max_jobs=settings.max_jobs,
+        max_ranks=settings.max_ranks,
+        ttl=settings.rank_ttl,
+        window=settings.rate_window,
+    )
+    analysis = Analysis(
+        store, source, thresholds=Thresholds(**settings.thresholds), peak_override=settings.peak_tflops
+    )
+    policy = IngestPolicy(token=settings.ingest_token, allow_remote=settings.ingest_allow_remote)
+    return Training(analysis, IngestStats(), policy)

@@ -1,0 +1,218 @@
+"""Reports per (job, rank): exported totals, a short history for windowed rates, restarts, limits, expiry.
+
+Reports carry cumulative totals, so the store keeps the latest one per rank plus a bounded history of
+points for the sliding-window rates. A new incarnation (the training process restarted) folds the old one's
+final totals into offsets, so exported counters never go backwards while the daemon runs. All methods are
+thread-safe: ingest runs on the server's threads while scrapes and /v1/jobs read.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from gpumon.client import protocol as P
+from gpumon.training.report import Report
+
+MAX_POINTS = 512  # per rank: 60 s of reports at 8/s; more only shortens the effective window
+FINISHED_LINGER = 30.0  # seconds a rank stays after its final report, so a scrape sees its last totals
+
+
+class Point(NamedTuple):
+    """One accepted report, reduced to what the windows need (incarnation-local values)."""
+
+    reported: float  # the report's time
+    updated: float | None  # when its totals last changed (a step or request)
+    steps: float
+    tokens: float
+    samples: float
+    requests: float
+    step_sum: float
+    step_count: float
+    phases: Mapping[str, float]
+
+
+class LimitExceeded(Exception):
+    def __init__(self, outcome: str, message: str) -> None:
+        super().__init__(message)
+        self.outcome = outcome  # "job_limit" or "rank_limit"
+
+
+class Stale(Exception):
+    """Not an error the client must fix: a report older than what the store already holds."""
+
+
+_ZEROS = (0.0,) * (len(P.BUCKETS) + 1)
+
+
+@dataclass(frozen=True, slots=True)
+class Offsets:
+    """What earlier incarnations of a rank contributed to its exported counters (replaced, never mutated)."""
+
+    steps: float = 0.0
+    tokens: float = 0.0
+    samples: float = 0.0
+    requests: float = 0.0
+    phases: Mapping[str, float] = field(default_factory=dict)
+    step_counts: tuple[float, ...] = _ZEROS
+    step_sum: float = 0.0
+    request_counts: tuple[float, ...] = _ZEROS
+    request_sum: float = 0.0
+
+    def plus(self, r: Report) -> Offsets:
+        t = r.totals
+        phases = dict(self.phases)
+        for name, seconds in r.phases.items():
+            phases[name] = phases.get(name, 0.0) + seconds
+        req = r.request_seconds
+        return Offsets(
+            self.steps + t.steps,
+            self.tokens + t.tokens,
+            self.samples + t.samples,
+            self.requests + t.requests,
+            phases,
+            tuple(a + b for a, b in zip(self.step_counts, r.step_seconds.counts, strict=True)),
+            self.step_sum + r.step_seconds.sum,
+            self.request_counts
+            if req is None
+            else tuple(a + b for a, b in zip(self.request_counts, req.counts, strict=True)),
+            self.request_sum + (0.0 if req is None else req.sum),
+        )
+
+
+@dataclass
+class Rank:
+    report: Report  # the latest accepted
+    received: float  # daemon clock
+    offsets: Offsets = field(default_factory=Offsets)
+    restarts: int = 0
+    points: deque[Point] = field(default_factory=lambda: deque(maxlen=MAX_POINTS))
+    anchor: Point | None = None
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return self.report.job, self.report.rank
+
+
+@dataclass(frozen=True, slots=True)
+class RankView:
+    """An immutable copy of one rank for analysis, taken under the store's lock."""
+
+    report: Report
+    received: float
+    offsets: Offsets
+    restarts: int
+    points: tuple[Point, ...]
+    anchor: Point | None
+
+
+def _point(r: Report) -> Point:
+    t = r.totals
+    h = r.step_seconds
+    return Point(r.time, r.updated, t.steps, t.tokens, t.samples, t.requests, h.sum, h.count, r.phases)
+
+
+def _anchor(r: Report) -> Point | None:
+    if r.anchor is None or r.anchor_time is None:
+        return None
+    a = r.anchor
+    return Point(r.anchor_time, r.anchor_time, a.steps, a.tokens, a.samples, a.requests, 0.0, 0.0, {})
+
+
+class JobStore:
+    def __init__(self, *, max_jobs: int, max_ranks: int, ttl: float, window: float) -> None:
+        self.max_jobs = max_jobs
+        self.max_ranks = max_ranks
+        self.ttl = ttl
+        self.window = window
+        self.expired = 0
+        self._ranks: dict[tuple[str, int], Rank] = {}
+        self._lock = threading.Lock()
+
+    def ingest(self, r: Report, now: float) -> None:
+        """Store one report. Raises Stale (ignored, 'duplicate'), LimitExceeded, or ValueError (invalid)."""
+        with self._lock:
+            self._expire(now)
+            rank = self._ranks.get((r.job, r.rank))
+            if rank is None:
+                self._admit(r)
+                rank = self._ranks[(r.job, r.rank)] = Rank(report=r, received=now)
+            elif r.incarnation != rank.report.incarnation:
+                if r.started < rank.report.started:
+                    raise Stale()  # a late report from a process that has since been replaced
+                rank.offsets = rank.offsets.plus(rank.report)
+                rank.restarts += 1
+                rank.points.clear()
+                rank.anchor = None
+            elif r.seq <= rank.report.seq:
+                raise Stale()
+            else:
+                _check_monotonic(rank.report, r)
+            rank.report = r
+            rank.received = now
+            rank.anchor = rank.anchor or _anchor(r)
+            points = rank.points
+            points.append(_point(r))
+            horizon = now - self.window
+            while len(points) > 2 and points[1].reported < horizon:
+                points.popleft()  # keeps one point before the window, the base for a slow step
+
+    def _admit(self, r: Report) -> None:
+        jobs = {job for job, _ in self._ranks}
+        if r.job not in jobs and len(jobs) >= self.max_jobs:
+            raise LimitExceeded(
+                "job_limit",
+                f"this node already tracks {len(jobs)} jobs (the limit, --max-jobs); job {r.job!r} refused "
+                "until one stops reporting",
+            )
+        if len(self._ranks) >= self.max_ranks:
+            raise LimitExceeded(
+                "rank_limit",
+                f"this node already tracks {len(self._ranks)} ranks (the limit, --max-ranks); "
+                f"rank {r.rank} of job {r.job!r} refused until one stops reporting",
+            )
+
+    def expire(self, now: float) -> None:
+        with self._lock:
+            self._expire(now)
+
+    def _expire(self, now: float) -> None:
+        gone = [
+            key
+            for key, rank in self._ranks.items()
+            if now - rank.received > (min(self.ttl, FINISHED_LINGER) if rank.report.final else self.ttl)
+        ]
+        for key in gone:
+            del self._ranks[key]
+        self.expired += len(gone)
+
+    def views(self, now: float) -> list[RankView]:
+        with self._lock:
+            self._expire(now)
+            return [
+                RankView(
+                    rank.report,
+                    rank.received,
+                    rank.offsets,
+                    rank.restarts,
+                    tuple(rank.points),
+                    rank.anchor,
+                )
+                for rank in sorted(self._ranks.values(), key=lambda x: x.key)
+            ]
+
+    def __len__(self) -> int:
+        return len(self._ranks)
+
+
+def _check_monotonic(old: Report, new: Report) -> None:
+    a, b = old.totals, new.totals
+    for name in P.TOTALS:
+        if getattr(b, name) < getattr(a, name):
+            raise ValueError(
+                f"totals.{name} went backwards within one incarnation ({getattr(a, name):g} -> "
+                f"{getattr(b, name):g}); totals are cumulative, a restarted process needs a new incarnation"
+            )
