@@ -1,0 +1,149 @@
+"""Report a Lightning ``Trainer`` run to gpumon: ``L.Trainer(..., callbacks=[GpumonCallback(workload="my-lm",
+tokens_from_batch=lambda batch: batch["input_ids"].numel())])``.
+
+One ``Reporter.step()`` per optimizer step (when ``trainer.global_step`` advances) with this rank's samples
+and tokens of all batches since the previous one (so every accumulated micro-batch counts). Samples per batch:
+``samples_from_batch(batch)``, else Lightning's ``extract_batch_size`` (the first tensor's length). Tokens:
+``tokens_per_step`` (constant per optimizer step) or ``tokens_from_batch(batch)``; neither: samples only, and
+one info line says so. The callables run on every batch and must return Python ints read from shapes
+(``.numel()``), never values (``.sum().item()`` waits for the GPU). The callback adds no GPU sync of its own.
+
+Phases (automatic optimization only; host wall-clock): ``forward_backward`` from ``on_train_batch_start`` to
+``on_before_optimizer_step`` (or the batch end when accumulating), ``optimizer`` from there to the batch end.
+No data_wait: the gap between batches also holds validation, logging and checkpointing.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import numbers
+import time
+from collections.abc import Callable
+from typing import Any
+
+try:
+    import lightning.pytorch as pl
+except ImportError:
+    try:
+        import pytorch_lightning as pl  # type: ignore[no-redef]  # the standalone package, same API
+    except ImportError as exc:  # gpumon.client itself must work without Lightning
+        raise ImportError(f"gpumon's GpumonCallback needs Lightning: pip install lightning ({exc})") from exc
+
+from gpumon.client import Reporter
+
+log = logging.getLogger(__name__)
+# Lightning's own batch-size inference (the first tensor's length), under either package name
+_extract_batch_size = importlib.import_module(f"{pl.__name__}.utilities.data").extract_batch_size
+# Trainer(precision=...) prefix -> report dtype ("bf16-mixed", "16-mixed", "32-true", ...)
+_PRECISIONS = {"bf16": "bf16", "16": "fp16", "32": "fp32", "transformer": "fp8"}
+
+
+class GpumonCallback(pl.Callback):
+    """Reports this rank's steps, samples, tokens and phases. ``reporter``: the caller's own (flushed, not
+    closed, at the end); else one is made at train start from ``reporter_kwargs`` (job, workload, model, url,
+    flops_per_token...) plus the Trainer's rank, device and dtype where not given, and closed at the end."""
+
+    def __init__(
+        self,
+        reporter: Reporter | None = None,
+        *,
+        tokens_per_step: int | None = None,
+        tokens_from_batch: Callable[[Any], int] | None = None,
+        samples_from_batch: Callable[[Any], int] | None = None,
+        **reporter_kwargs: Any,
+    ) -> None:
+        if tokens_per_step is not None and tokens_from_batch is not None:
+            raise ValueError("give tokens_per_step or tokens_from_batch, not both")
+        if reporter is not None and reporter_kwargs:
+            raise ValueError(f"reporter given: {sorted(reporter_kwargs)} would be ignored")
+        self.reporter = reporter
+        self._owned = reporter is None
+        self._kwargs = reporter_kwargs
+        self._tokens_per_step = tokens_per_step
+        self._tokens_from_batch = tokens_from_batch
+        self._samples_from_batch = samples_from_batch or _extract_batch_size
+        self._samples = self._tokens = self._last_global_step = 0
+        self._mark: float | None = None  # start of the phase now running
+        self._in_optimizer = self._phases = self._count_failed = self._running = False
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._samples = self._tokens = 0
+        self._running = True
+        self._last_global_step = trainer.global_step  # non-zero when resuming from a checkpoint
+        self._phases = pl_module.automatic_optimization  # manual: optimizers step anywhere, no phase bounds
+        if self._tokens_per_step is None and self._tokens_from_batch is None:
+            log.info("gpumon: neither tokens_per_step nor tokens_from_batch given: reporting samples only")
+        if self._owned and self.reporter is None:
+            # created here, not in __init__: a Reporter holds a thread, and callbacks get pickled to workers
+            defaults: dict[str, Any] = {"dtype": _PRECISIONS.get(str(trainer.precision).split("-")[0])}
+            if trainer.world_size > 1:
+                defaults.update(rank=trainer.global_rank, world_size=trainer.world_size)
+                defaults["local_rank"] = trainer.local_rank
+            if pl_module.device.type == "cuda":
+                defaults["device"] = pl_module.device  # mapped through CUDA_VISIBLE_DEVICES by the SDK
+            self.reporter = Reporter(**{**defaults, **self._kwargs})
+
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        self._mark, self._in_optimizer = time.perf_counter(), False
+
+    def on_before_optimizer_step(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any
+    ) -> None:
+        if self._phases and self.reporter is not None and self._mark is not None:
+            now = time.perf_counter()
+            self.reporter.add_phase("forward_backward", now - self._mark)
+            self._mark, self._in_optimizer = now, True
+
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        if self.reporter is None:
+            return
+        if self._phases and self._mark is not None:
+            phase = "optimizer" if self._in_optimizer else "forward_backward"
+            self.reporter.add_phase(phase, time.perf_counter() - self._mark)
+        self._mark = None
+        self._samples += self._count(self._samples_from_batch, batch)
+        if self._tokens_from_batch is not None:
+            self._tokens += self._count(self._tokens_from_batch, batch)
+        if trainer.global_step > self._last_global_step:  # an optimizer step happened in this batch
+            self._last_global_step = trainer.global_step
+            tokens = self._tokens_per_step if self._tokens_per_step is not None else self._tokens
+            self.reporter.step(tokens=tokens, samples=self._samples)
+            self._samples = self._tokens = 0
+
+    def _count(self, count: Callable[[Any], int], batch: Any) -> int:
+        try:
+            value = count(batch)
+            if isinstance(value, numbers.Integral) and value >= 0:  # a tensor is not: int() would sync
+                return int(value)
+            problem: object = f"returned {type(value).__name__}, not a Python int"
+        except Exception as exc:  # a monitoring callback must not stop training over an odd batch
+            problem = exc
+        if not self._count_failed:
+            self._count_failed = True
+            log.warning("gpumon: %s cannot count a batch (%s): counting 0", count, problem)
+        return 0
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._finish()
+
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exc: BaseException) -> None:
+        self._finish()  # on_train_end does not run when training fails: still send the final report
+
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if stage == "fit":
+            self._finish()
+
+    def _finish(self) -> None:
+        if not self._running or self.reporter is None:  # on_train_end and teardown both run: finish once
+            return
+        self._running = False
+        if self._owned:
+            self.reporter.close()
+            self.reporter = None  # a second fit() starts a new Reporter (a new incarnation)
+        else:
+            self.reporter.flush()
