@@ -20,6 +20,7 @@ import pytest
 from test_client_transport import RecordingServer, free_port
 
 from gpumon.client import NULL_PHASE, Reporter
+from gpumon.client import phases as phases_module
 from gpumon.client import reporter as reporter_module
 from gpumon.client.protocol import BUCKETS, MAX_BODY_BYTES, MAX_PHASES, NAME_PATTERN, PHASE_PATTERN, TOTALS
 
@@ -339,7 +340,7 @@ def test_phases_are_cached_and_nesting_counts_once(
     monkeypatch: pytest.MonkeyPatch, reporters: Callable[..., Reporter]
 ) -> None:
     clock = FakeClock()
-    monkeypatch.setattr(reporter_module, "_perf", clock)
+    monkeypatch.setattr(phases_module, "_perf", clock)  # the phase timers read their own module's clock
     r = reporters(url=f"http://127.0.0.1:{free_port()}")
     assert r.phase("data_wait") is r.data_wait() is r.phase("data_wait")
     assert r.checkpoint() is r.phase("checkpoint") and r.optimizer() is r.phase("optimizer")
@@ -540,3 +541,20 @@ def test_numpy_numbers_are_counted(
     r.request(tokens=np.uint16(3), latency=np.float32(0.25))
     assert r.totals["steps"] == 2 and r.totals["tokens"] == 4096 + 2.5 + 3 and r.totals["samples"] == 8
     assert type(r.totals["tokens"]) is float and sdk_logs(caplog, "not finite")
+
+
+def test_values_beyond_the_protocol_s_bounds_are_refused_once_and_never_sent(
+    reporters: Callable[..., Reporter], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A finite but absurd value (1e19 tokens in one step, a phase of 1e9 s) would make the daemon refuse
+    every later report of the rank; the SDK drops that one call instead."""
+    r = reporters(url=f"http://127.0.0.1:{free_port()}")
+    with caplog.at_level(logging.WARNING, logger="gpumon.client"):
+        r.step(tokens=10**19)
+        r.step(tokens=2e13)
+        r.add_phase("data_wait", 1e9)
+        r.request(tokens=1, latency=1e12)
+        r.step(tokens=5, samples=1)
+    assert r.totals["tokens"] == 5 and r.totals["steps"] == 1 and r.totals["phases"].get("data_wait", 0) == 0
+    too_large = [rec for rec in caplog.records if "too large" in rec.getMessage()]
+    assert len(too_large) == 3, [rec.getMessage() for rec in caplog.records]

@@ -56,3 +56,14 @@ PHASE_PATTERN = r"^[a-z][a-z0-9_]{0,31}$"
 MAX_PHASES = 16
 MAX_DEVICES = 16
 MAX_BODY_BYTES = 64 * 1024
+# Bounds both sides enforce, so that a value the SDK accepts can never make the daemon refuse every later
+# report of the rank: one call adds at most MAX_PER_CALL to a count and MAX_PER_CALL_SECONDS to a time; totals
+# stay below MAX_COUNT (exact in a float64) and MAX_SECONDS
+MAX_PER_CALL = 1e12
+MAX_PER_CALL_SECONDS = 1e6
+MAX_COUNT = 2.0**53
+MAX_SECONDS = 10.0 * 365 * 86400
+MIN_PEAK_FLOPS = 1e9  # a per-GPU peak below 1 GFLOP/s is a unit mistake (TFLOP/s given as FLOP/s)
+MAX_FLOPS = 1e18
+UUID_PATTERN = r"^(?:GPU|MIG)-[A-Za-z0-9/-]{1,96}$"  # NVML's, and old drivers' MIG-GPU-<uuid>/<gi>/<ci>
+DEVICE_PATTERN = r"^(?:\d{1,4}|(?:GPU|MIG)-[A-Za-z0-9/-]{1,96})$"  # an NVML index or a UUID

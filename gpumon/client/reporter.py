@@ -4,124 +4,48 @@ The hot path (step, phase enter/exit, add_phase, request) does no I/O, holds no 
 never touches the GPU and allocates nothing a loop would notice; bad arguments are logged once per kind and
 ignored, never raised. Every counter is cumulative, so the sender thread reads them without a lock: a torn
 read only makes one report slightly behind the next. Standard library only, Python >= 3.9.
+
+Around it: phases.py (phase timers), counts.py (number checks), settings.py (constructor arguments),
+report.py (wire format), lifecycle.py (interpreter exit, fork), transport.py (the sender thread).
 """
 
 from __future__ import annotations
 
-import atexit
 import logging
-import math
-import numbers
 import os
 import re
 import threading
 import time
-import weakref
 from bisect import bisect_left
-from typing import Any, Protocol
+from typing import Any
 
-from gpumon.client import env as _env
-from gpumon.client.protocol import BUCKETS, MAX_PHASES, PHASE_PATTERN, VERSION
+from gpumon.client import lifecycle
+from gpumon.client.counts import COUNT_HINT, as_count, as_seconds, mistake
+from gpumon.client.lifecycle import AT_EXIT_TIMEOUT
+from gpumon.client.phases import NULL_PHASE, NullPhase, Phase
+from gpumon.client.protocol import BUCKETS, MAX_PER_CALL, MAX_PER_CALL_SECONDS, MAX_PHASES, PHASE_PATTERN
+from gpumon.client.report import build_report
+from gpumon.client.settings import FlopsModel, Settings, env_flag, resolve
 from gpumon.client.transport import Sender, Shipper, Transport
+
+# the public names; several are defined in phases.py, lifecycle.py and settings.py
+__all__ = ["AT_EXIT_TIMEOUT", "NULL_PHASE", "FlopsModel", "NullPhase", "Phase", "Reporter"]
 
 log = logging.getLogger("gpumon.client")
 
+# bound to module globals so the hot path skips an attribute lookup per call
 _perf = time.perf_counter
 _BUCKETS = BUCKETS
-_INF = math.inf
+_MAX_CALL = MAX_PER_CALL
+_MAX_SECONDS = MAX_PER_CALL_SECONDS
 _PHASE_RE = re.compile(PHASE_PATTERN)
-# for all live Reporters together: interpreter exit must not hang on a dead or slow daemon
-AT_EXIT_TIMEOUT = 2.0
-_live: weakref.WeakSet[Reporter] = weakref.WeakSet()
-
-
-class FlopsModel(Protocol):
-    def flops_per_token(self, train: bool = True, convention: str = "palm") -> float: ...
-
-
-class Phase:
-    """Times one named phase; Reporter.phase() hands out one cached instance per name. Nesting the same
-    phase times only the outermost block. Being shared, it belongs to one thread (the training loop's);
-    other threads time themselves and call add_phase()."""
-
-    __slots__ = ("_depth", "_start", "name", "seconds")
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.seconds = 0.0
-        self._depth = 0
-        self._start = 0.0
-
-    def __enter__(self) -> Phase:
-        if self._depth == 0:
-            self._start = _perf()
-        self._depth += 1
-        return self
-
-    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
-        depth = self._depth - 1
-        if depth > 0:
-            self._depth = depth
-        elif depth == 0:
-            self._depth = 0
-            self.seconds += _perf() - self._start
-        # below 0: an exit without its enter (a block entered before a fork, say) is ignored
-
-
-class NullPhase:
-    """What a disabled Reporter, or a bad phase name, hands out."""
-
-    __slots__ = ()
-
-    def __enter__(self) -> NullPhase:
-        return self
-
-    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
-        return None
-
-
-NULL_PHASE = NullPhase()
-
-
-def _count(value: object) -> int | float | None:
-    """A non-negative finite count from a Python or NumPy number, else None: a tensor too, since reading
-    one would synchronise the GPU."""
-    try:
-        if value.__class__ is bool:
-            return None
-        if isinstance(value, numbers.Integral):
-            number = int(value)
-            return number if number >= 0 else None
-        if isinstance(value, numbers.Real):
-            real = float(value)
-            if not 0.0 <= real < _INF:
-                return None
-            return int(real) if real.is_integer() else real
-    except (TypeError, ValueError, OverflowError):
-        pass
-    return None
-
-
-def _mistake(value: object) -> str:
-    """Which kind of bad number ``value`` is: each kind is logged once per Reporter."""
-    if value.__class__ is bool or not isinstance(value, numbers.Real):
-        return "not a number"
-    try:
-        return "negative" if float(value) < 0 else "not finite"
-    except (TypeError, ValueError, OverflowError):
-        return "not a number"
-
-
-def _seconds(value: object) -> float | None:
-    number = _count(value)
-    return None if number is None else float(number)
 
 
 class Reporter:
     """Counts steps, tokens, samples, requests and phase times; a daemon thread reports them to gpumon.
 
     The API is documented in gpumon/client/__init__.py. Arguments left None come from the environment
-    (gpumon.client.env); a bad one is logged and replaced by its default, never raised.
+    (gpumon.client.settings); a bad one is logged and replaced by its default, never raised.
     """
 
     def __init__(
@@ -165,13 +89,13 @@ class Reporter:
         self._perf0 = _perf()
         self.started = self._wall0
         self.incarnation = os.urandom(8).hex()
-        self.settings = _env.Settings()
+        self.settings = Settings()
         environ = os.environ
-        on = enabled if enabled is not None else _env.env_flag(environ.get("GPUMON_REPORT"))
+        on = enabled if enabled is not None else env_flag(environ.get("GPUMON_REPORT"))
         if on is False:
             return
         try:
-            self.settings, problems = _env.resolve(
+            self.settings, problems = resolve(
                 environ, job, rank, world_size, local_rank, device, kind, workload, dtype, flops_per_token,
                 model, flops_convention, peak_flops, url, token, interval,
             )  # fmt: skip
@@ -183,7 +107,7 @@ class Reporter:
             return
         self._shipper = Shipper(Sender(transport, self.settings.interval), self._report)
         self._on = True
-        _live.add(self)
+        lifecycle.track(self)
         # started now rather than at the first step: the daemon learns this rank, its pid and its GPUs while
         # the model loads, so a rank stuck before its first step shows; and the hot path needs no check
         self._shipper.start()
@@ -194,7 +118,12 @@ class Reporter:
         """One optimizer step that processed ``tokens`` tokens and ``samples`` samples on this rank."""
         if not self._on:
             return
-        if tokens.__class__ is not int or samples.__class__ is not int or tokens < 0 or samples < 0:
+        if (
+            tokens.__class__ is not int
+            or samples.__class__ is not int
+            or not 0 <= tokens <= _MAX_CALL
+            or not 0 <= samples <= _MAX_CALL
+        ):
             checked = self._check_counts(tokens, samples)
             if checked is None:
                 return
@@ -240,10 +169,10 @@ class Reporter:
         """Add ``seconds`` the caller timed itself to phase ``name``; safe from any thread."""
         if not self._on:
             return
-        if seconds.__class__ is not float or not 0.0 <= seconds < _INF:
-            checked = _seconds(seconds)
+        if seconds.__class__ is not float or not 0.0 <= seconds <= _MAX_SECONDS:
+            checked = as_seconds(seconds)
             if checked is None:
-                why = _mistake(seconds)
+                why = mistake(seconds)
                 self._warn("add_phase.seconds " + why, "add_phase(%r, %r) ignored: %s", name, seconds, why)
                 return
             seconds = checked
@@ -262,17 +191,17 @@ class Reporter:
         """One served request: ``tokens`` generated, ``latency`` seconds end to end; safe from any thread."""
         if not self._on:
             return
-        if tokens.__class__ is not int or tokens < 0:
-            checked = _count(tokens)
+        if tokens.__class__ is not int or not 0 <= tokens <= _MAX_CALL:
+            checked = as_count(tokens)
             if checked is None:
-                why = _mistake(tokens)
+                why = mistake(tokens)
                 self._warn("request.tokens " + why, "request(tokens=%r) ignored: %s", tokens, why)
                 return
             tokens = checked
-        if latency is not None and (latency.__class__ is not float or not 0.0 <= latency < _INF):
-            checked_latency = _seconds(latency)
+        if latency is not None and (latency.__class__ is not float or not 0.0 <= latency <= _MAX_SECONDS):
+            checked_latency = as_seconds(latency)
             if checked_latency is None:
-                why = _mistake(latency)
+                why = mistake(latency)
                 self._warn("request.latency " + why, "request(latency=%r) ignored: %s", latency, why)
                 return
             latency = checked_latency
@@ -287,18 +216,11 @@ class Reporter:
             self._set_anchor()
 
     def _check_counts(self, tokens: object, samples: object) -> tuple[int | float, int | float] | None:
-        good_tokens, good_samples = _count(tokens), _count(samples)
+        good_tokens, good_samples = as_count(tokens), as_count(samples)
         if good_tokens is None or good_samples is None:
             name, bad = ("tokens", tokens) if good_tokens is None else ("samples", samples)
-            why = _mistake(bad)
-            self._warn(
-                f"step.{name} {why}",
-                "step(%s=%r) ignored: %s; counts must be finite Python or NumPy numbers >= 0 (not tensors: "
-                "reading one synchronises the GPU). Further calls with this mistake are ignored silently",
-                name,
-                bad,
-                why,
-            )
+            why = mistake(bad)
+            self._warn(f"step.{name} {why}", "step(%s=%r) ignored: %s; " + COUNT_HINT, name, bad, why)
             return None
         return good_tokens, good_samples
 
@@ -343,43 +265,35 @@ class Reporter:
 
     def _report(self, final: bool) -> dict[str, Any]:
         """The report, but its seq (the sender numbers what it sends)."""
-        t = self._t  # first, and in one read: totals and "updated" agree
+        # The training thread keeps counting while this runs (no lock on the hot path), so the order of
+        # reads matters: histograms, then the anchor, then the totals. Everything read later has grown at
+        # least as much, so the report never shows more observations than steps or an anchor above the
+        # totals, which the daemon would refuse.
+        steps = {"counts": list(self._step_counts), "sum": self._step_sum}
+        request_counts, request_sum = list(self._request_counts), self._request_sum
         anchor = self._anchor
+        t = self._t  # one read: totals and "updated" agree
         phases = {name: found.seconds for name, found in self._phases.items()}
-        cfg = self.settings
         requests = None
-        if cfg.kind == "inference" or t[3]:
-            requests = {"counts": list(self._request_counts), "sum": self._request_sum}
-        report = {
-            "v": VERSION,
-            "job": cfg.job,
-            "rank": cfg.rank,
-            "world_size": cfg.world_size,
-            "local_rank": cfg.local_rank,
-            "kind": cfg.kind,
-            "workload": cfg.workload,
-            "incarnation": self.incarnation,
-            "pid": os.getpid(),
-            "seq": 0,
-            "time": time.time(),
-            "started": self.started,
-            "devices": list(cfg.devices),
-            "dtype": cfg.dtype,
-            "flops_per_token": cfg.flops_per_token,
-            "flops_convention": cfg.flops_convention,
-            "peak_flops": cfg.peak_flops,
-            "totals": {"steps": t[0], "tokens": t[1], "samples": t[2], "requests": t[3]},
-            "updated": None if t[4] is None else self._wall(t[4]),
-            "anchor": None,
-            "step_seconds": {"counts": list(self._step_counts), "sum": self._step_sum},
-            "request_seconds": requests,
-            "phases": phases,
-            "final": final,
-        }
-        if anchor is not None:
-            keys = ("steps", "tokens", "samples", "requests")
-            report["anchor"] = {"time": anchor[0], **{key: anchor[i + 1] for i, key in enumerate(keys)}}
-        return report
+        if self.settings.kind == "inference" or t[3]:
+            requests = {"counts": request_counts, "sum": request_sum}
+        updated = None if t[4] is None else self._wall(t[4])
+        # "time" on the same clock as "updated" (wall time at start plus perf_counter since), so the
+        # daemon's idea of how long ago the last step was survives a wall-clock step
+        now = self._wall(_perf())
+        return build_report(
+            self.settings,
+            self.incarnation,
+            self.started,
+            now,
+            t,
+            updated,
+            anchor,
+            steps,
+            requests,
+            phases,
+            final,
+        )
 
     def flush(self, timeout: float = 2.0) -> bool:
         """Send a report now, from the caller's thread; True when the daemon accepted it."""
@@ -393,7 +307,7 @@ class Reporter:
                 return
             self._closed = True
         self._on = False
-        _live.discard(self)
+        lifecycle.forget(self)
         if self._shipper is not None:
             self._shipper.close(timeout)
 
@@ -416,20 +330,3 @@ class Reporter:
     def __repr__(self) -> str:
         state = "on" if self._on else "off"
         return f"<Reporter job={self.settings.job} rank={self.settings.rank} {state}>"
-
-
-def _close_all() -> None:
-    deadline = time.monotonic() + AT_EXIT_TIMEOUT
-    for reporter in list(_live):
-        reporter.close(timeout=max(0.0, deadline - time.monotonic()))
-
-
-def _after_fork_in_child() -> None:
-    for reporter in list(_live):
-        reporter._forked()
-    _live.clear()
-
-
-atexit.register(_close_all)
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -183,7 +183,9 @@ class Sender:
             self._outage = True
             self._backoff = min(MAX_BACKOFF, max(self.interval, self._backoff) * 2)
             return False
-        key = (status, detail)
+        # one line per kind of refusal: the detail names the field first ("totals.tokens: ..."), and the
+        # value after it changes with every report
+        key = (status, detail.split(":", 1)[0])
         if key not in self._rejections and len(self._rejections) < MAX_REJECTION_LOGS:
             log.warning(
                 "gpumon: daemon at %s rejected a report: HTTP %d %s", self.transport.url, status, detail

@@ -1,0 +1,60 @@
+"""The report a Reporter sends, in the wire format protocol.py defines, from its counters and settings.
+
+Built on the sender thread, never on the hot path. Standard library only, Python >= 3.9: this module runs
+inside training processes.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from gpumon.client.protocol import TOTALS, VERSION
+from gpumon.client.settings import Settings
+
+
+def build_report(
+    cfg: Settings,
+    incarnation: str,
+    started: float,
+    now: float,
+    totals: tuple[Any, ...],
+    updated: float | None,
+    anchor: tuple[Any, ...] | None,
+    step_seconds: dict[str, Any],
+    request_seconds: dict[str, Any] | None,
+    phases: dict[str, float],
+    final: bool,
+) -> dict[str, Any]:
+    """The report with seq 0 (the sender numbers what it sends). ``totals`` is the Reporter's (steps, tokens,
+    samples, requests, ...) tuple; ``anchor`` its (wall time, steps, tokens, samples, requests) or None."""
+    t = totals
+    report = {
+        "v": VERSION,
+        "job": cfg.job,
+        "rank": cfg.rank,
+        "world_size": cfg.world_size,
+        "local_rank": cfg.local_rank,
+        "kind": cfg.kind,
+        "workload": cfg.workload,
+        "incarnation": incarnation,
+        "pid": os.getpid(),
+        "seq": 0,
+        "time": now,
+        "started": started,
+        "devices": list(cfg.devices),
+        "dtype": cfg.dtype,
+        "flops_per_token": cfg.flops_per_token,
+        "flops_convention": cfg.flops_convention,
+        "peak_flops": cfg.peak_flops,
+        "totals": {"steps": t[0], "tokens": t[1], "samples": t[2], "requests": t[3]},
+        "updated": updated,
+        "anchor": None,
+        "step_seconds": step_seconds,
+        "request_seconds": request_seconds,
+        "phases": phases,
+        "final": final,
+    }
+    if anchor is not None:
+        report["anchor"] = {"time": anchor[0], **{key: anchor[i + 1] for i, key in enumerate(TOTALS)}}
+    return report
