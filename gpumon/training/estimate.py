@@ -1,39 +1,8 @@
 """Per-GPU memory and FLOPs of training (and serving) a decoder transformer, from its shape alone.
 
-Model state, bytes per parameter (weights, gradients, optimizer states):
-
-==================  =======  =====  ============================================================
-dtype               weights  grads  optimizer states
-==================  =======  =====  ============================================================
-bf16 / fp16 / fp8   2        2      adam(w): 12 = fp32 master 4 + m 4 + v 4 (ZeRO paper's K=12, 16 B in all);
-                                    sgd: 8 = fp32 master 4 + momentum 4; none: 0
-fp32                4        4      adam(w): 8 = m 4 + v 4; sgd: 4 = momentum; none: 0
-==================  =======  =====  ============================================================
-
-fp8 training is taken as Transformer Engine does it: bf16 parameters, fp8 only inside the matmuls. Tensor
-parallelism (tp) divides all three by tp (norm weights are in fact replicated: a rounding error). ZeRO over
-dp data-parallel ranks (Rajbhandari et al. 2020) divides optimizer states by dp from stage 1, gradients from
-stage 2, weights from stage 3.
-
-Activations follow Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models"
-(arXiv:2205.05198), whose per-tensor accounting (section 4.1) stores, per layer and per s·b·h elements, with e
-bytes per activation element (2 for 16-bit) and 1 byte per dropout-mask element:
-
-* replicated across tensor-parallel ranks: both norms' inputs, the QKV and first-MLP inputs (4e), the two
-  dropout masks (2): 4e + 2 = 10;
-* split across tp: Q, K, V, the output projection's input, the GeLU's input and output (4h wide): 12e = 24;
-* per a·s/h (the s x s attention scores): softmax output, dropout mask, dropout output: 2e + 1 = 5.
-
-For e = 2 these reproduce the paper's table 2: s·b·h·(34 + 5·a·s/h) per layer without parallelism,
-s·b·h·(10 + 24/t + 5·a·s/(h·t)) with tensor parallelism, s·b·h·(34 + 5·a·s/h)/t with sequence parallelism too;
-selective recomputation drops the score term; full recomputation keeps the layer input, 2·s·b·h (÷t with
-sequence parallelism). Section 4.3 adds, outside the layers (p = 1), the embedding dropout mask, the final
-norm's and output projection's inputs and the fp32 logits: s·b·h·(5 + 4·v/h), ÷t with sequence parallelism.
-FlashAttention (and PyTorch SDPA) never stores the scores, so ``flash_attention`` drops the score term as
-selective recomputation does.
-
-The paper's model is GPT-3 shaped (4h GeLU MLP, dropout, multi-head attention): for SwiGLU, GQA and no dropout
-the figure is an approximation. docs/estimate.md lists what the estimate leaves out.
+The formulas, with their sources, are in memory.py (model state and KV cache) and activations.py
+(Korthikanti et al. 2022); this module sets them against one model and setup. docs/estimate.md lists what
+the estimate leaves out.
 """
 
 from __future__ import annotations
@@ -42,11 +11,42 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpumon.client.model import CONVENTIONS, ModelSpec
+from gpumon.training.activations import (
+    CHECKPOINTING,
+    activation_bytes_per_layer,
+    activation_element_bytes,
+    attention_scores_bytes,
+    layer_formula,
+    output_activation_bytes,
+    output_formula,
+)
+from gpumon.training.memory import (
+    DTYPE_BYTES,
+    DTYPES,
+    OPTIMIZERS,
+    kv_cache_bytes,
+    kv_heads_per_gpu,
+    state_bytes_per_parameter,
+)
 
-DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}  # weights (and KV cache) when serving
-DTYPES = tuple(DTYPE_BYTES)
-OPTIMIZERS = ("adamw", "adam", "sgd", "none")
-CHECKPOINTING = ("none", "selective", "full")
+# the public API; several of its names live in memory.py and activations.py
+__all__ = [
+    "CHECKPOINTING",
+    "DTYPES",
+    "DTYPE_BYTES",
+    "OPTIMIZERS",
+    "ZERO_STAGES",
+    "Estimate",
+    "Setup",
+    "activation_bytes_per_layer",
+    "estimate",
+    "estimate_json",
+    "kv_cache_bytes",
+    "kv_heads_per_gpu",
+    "output_activation_bytes",
+    "state_bytes_per_parameter",
+]
+
 ZERO_STAGES = (0, 1, 2, 3)
 _OPTIMIZER_NOTE = {
     ("mixed", "adam"): "fp32 master + m + v",
@@ -54,88 +54,6 @@ _OPTIMIZER_NOTE = {
     ("fp32", "adam"): "m + v",
     ("fp32", "sgd"): "momentum",
 }
-
-
-def state_bytes_per_parameter(dtype: str, optimizer: str) -> tuple[int, int, int]:
-    """(weights, gradients, optimizer states) bytes per parameter for training in ``dtype``."""
-    if dtype not in DTYPE_BYTES:
-        raise ValueError(f"unknown dtype {dtype!r}: use one of {', '.join(DTYPES)}")
-    if optimizer not in OPTIMIZERS:
-        raise ValueError(f"unknown optimizer {optimizer!r}: use one of {', '.join(OPTIMIZERS)}")
-    if dtype == "fp32":
-        return 4, 4, {"adamw": 8, "adam": 8, "sgd": 4, "none": 0}[optimizer]
-    # mixed precision (fp8 included: bf16 parameters, fp8 inside the matmuls)
-    return 2, 2, {"adamw": 12, "adam": 12, "sgd": 8, "none": 0}[optimizer]
-
-
-def activation_element_bytes(dtype: str) -> int:
-    """Bytes per stored activation: 4 for fp32 training; 2 for bf16, fp16 and fp8 (its stored activations
-    stay 16-bit)."""
-    return 4 if dtype == "fp32" else 2
-
-
-@dataclass(frozen=True)
-class LayerActivationCoefficients:
-    """Bytes per s·b·h of one layer: ``replicated + split/t + score·a·s/(h·t)`` (see the module docstring)."""
-
-    replicated: int
-    split: int
-    score: int
-
-    @classmethod
-    def for_element_bytes(cls, e: int) -> LayerActivationCoefficients:
-        return cls(replicated=4 * e + 2, split=12 * e, score=2 * e + 1)
-
-
-def activation_bytes_per_layer(
-    s: int,
-    b: int,
-    h: int,
-    a: int,
-    *,
-    tp: int = 1,
-    sequence_parallel: bool = False,
-    checkpointing: str = "none",
-    flash_attention: bool = False,
-    element_bytes: int = 2,
-) -> float:
-    """Stored activations of one transformer layer, bytes per GPU (Korthikanti et al. 2022, table 2)."""
-    if checkpointing not in CHECKPOINTING:
-        raise ValueError(f"unknown checkpointing {checkpointing!r}: use one of {', '.join(CHECKPOINTING)}")
-    sbh = s * b * h
-    if checkpointing == "full":
-        return sbh * element_bytes / (tp if sequence_parallel else 1)
-    c = LayerActivationCoefficients.for_element_bytes(element_bytes)
-    score = 0.0 if checkpointing == "selective" or flash_attention else c.score * a * s / (h * tp)
-    if sequence_parallel:
-        return sbh * ((c.replicated + c.split) / tp + score)
-    return sbh * (c.replicated + c.split / tp + score)
-
-
-def output_activation_bytes(
-    s: int, b: int, h: int, v: int, *, tp: int = 1, sequence_parallel: bool = False, element_bytes: int = 2
-) -> float:
-    """Activations outside the layers (Korthikanti et al. 2022, section 4.3, p = 1): the embedding dropout
-    mask (1 B), the final norm's and output projection's inputs (e B each), fp32 logits (4 B per vocab entry,
-    split across tp by the vocab-parallel output layer)."""
-    sbh = s * b * h
-    near = sbh * (1 + 2 * element_bytes)
-    return (near / tp if sequence_parallel else near) + 4 * s * b * v / tp
-
-
-def kv_heads_per_gpu(kv_heads: int, tp: int) -> int:
-    """KV heads each tensor-parallel rank holds: split when tp divides them, else replicated one per rank."""
-    if kv_heads % tp == 0:
-        return kv_heads // tp
-    if tp % kv_heads == 0:
-        return 1
-    raise ValueError(f"tensor parallel size {tp} neither divides nor is a multiple of kv_heads {kv_heads}")
-
-
-def kv_cache_bytes(spec: ModelSpec, batch: int, element_bytes: int, tp: int = 1) -> int:
-    """2 (K and V) · layers · kv_heads · head_dim · seq · batch · bytes, per GPU."""
-    kv = kv_heads_per_gpu(spec.resolved_kv_heads, tp)
-    return 2 * spec.layers * kv * spec.resolved_head_dim * spec.seq_len * batch * element_bytes
 
 
 def _positive(name: str, value: object) -> None:
@@ -210,33 +128,16 @@ class Estimate:
     def attention_scores_bytes(self) -> float:
         """The part of ``activations_bytes`` that is stored attention scores (0 with flash or recompute)."""
         st, sp = self.setup, self.spec
-        if st.checkpointing != "none" or st.flash_attention:
-            return 0.0
-        c = LayerActivationCoefficients.for_element_bytes(activation_element_bytes(st.dtype))
-        return sp.layers * c.score * sp.heads * sp.seq_len * sp.seq_len * st.batch / st.tp
-
-
-def _layer_formula(setup: Setup, e: int) -> str:
-    t, sp = setup.tp, setup.sequence_parallel
-    if setup.checkpointing == "full":
-        return f"L·{e}·s·b·h" + ("/t" if sp else "") + " (full recomputation: layer inputs only)"
-    c = LayerActivationCoefficients.for_element_bytes(e)
-    keep_scores = setup.checkpointing == "none" and not setup.flash_attention
-    if sp or t == 1:
-        whole = c.replicated + c.split
-        per_t = "/t" if sp else ""
-        if not keep_scores:
-            return f"L·{whole}·s·b·h{per_t}"
-        return f"L·s·b·h·({whole} + {c.score}·a·s/h){per_t}"
-    inner = f"{c.replicated} + {c.split}/t" + (f" + {c.score}·a·s/(h·t)" if keep_scores else "")
-    return f"L·s·b·h·({inner})"
-
-
-def _output_formula(setup: Setup, e: int) -> str:
-    near = 1 + 2 * e
-    if setup.sequence_parallel:
-        return f"s·b·h·({near} + 4·v/h)/t"
-    return f"s·b·h·({near} + 4·v/h)" if setup.tp == 1 else f"s·b·h·({near} + 4·v/(h·t))"
+        return attention_scores_bytes(
+            sp.layers,
+            sp.heads,
+            sp.seq_len,
+            st.batch,
+            tp=st.tp,
+            checkpointing=st.checkpointing,
+            flash_attention=st.flash_attention,
+            element_bytes=activation_element_bytes(st.dtype),
+        )
 
 
 def estimate(spec: ModelSpec, setup: Setup) -> Estimate:
@@ -276,6 +177,14 @@ def estimate(spec: ModelSpec, setup: Setup) -> Estimate:
         return "/dp" if st.zero >= stage and st.dp > 1 else ""
 
     tp_div = "/tp" if st.tp > 1 else ""
+    layers = layer_formula(
+        e,
+        tp=st.tp,
+        sequence_parallel=st.sequence_parallel,
+        checkpointing=st.checkpointing,
+        flash_attention=st.flash_attention,
+    )
+    outputs = output_formula(e, tp=st.tp, sequence_parallel=st.sequence_parallel)
     attn_coeff = {"palm": (12, 4), "megatron": (6, 2)}[st.convention]
     formulas = {
         "parameters": "V·h embedding + L·(q,k,v,o + MLP + 2 norms) + final norm + output head",
@@ -284,7 +193,7 @@ def estimate(spec: ModelSpec, setup: Setup) -> Estimate:
         "weights": f"P{tp_div}{shard(3)} x {wb} B",
         "gradients": f"P{tp_div}{shard(2)} x {gb} B",
         "optimizer_states": f"P{tp_div}{shard(1)} x {ob} B ({opt_note})",
-        "activations": f"{_layer_formula(st, e)} + {_output_formula(st, e)} B (Korthikanti et al. 2022)",
+        "activations": f"{layers} + {outputs} B (Korthikanti et al. 2022)",
         "inference_weights": f"P{tp_div} x {serve_bytes} B",
         "kv_cache": f"2·L·kv_heads·head_dim·s·b x {serve_bytes} B"
         + (" (kv_heads per tp rank)" if st.tp > 1 else ""),
