@@ -3,9 +3,9 @@
 prometheus_client re-escapes every label name and value of every sample on every scrape (about 8 µs a
 sample on a small VM: ~8 ms for the ~900 series of an 8-GPU node). A node's series barely change between
 scrapes, so this renderer formats each series' name and labels once and keeps the string while the series
-exists; a scrape then only formats values. It covers what gpumon emits (gauges and counters without
-timestamps or exemplars); any other family is handed to prometheus_client's own encoder, and tests hold the
-output byte-for-byte equal to ``generate_latest`` in both formats.
+exists; a scrape then only formats values. It covers what gpumon emits (gauges, counters and histograms
+without timestamps or exemplars); any other family is handed to prometheus_client's own encoder, and tests
+hold the output byte-for-byte equal to ``generate_latest`` in both formats.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 from prometheus_client.utils import floatToGoString
 
-_SIMPLE_TYPES = ("gauge", "counter")
+_SIMPLE_TYPES = ("gauge", "counter", "histogram")
 # names that need no escaping in any scheme; anything else goes to prometheus_client's encoder
 _METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 _LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")

@@ -52,6 +52,7 @@ def jobs(snap) -> TrainingCollector:
     other = report(20, started=now - 2.5, rank=1, world_size=2, devices=["1"], phases=phases)
     serve = report(30, started=now - 3.5, job="chat", kind="inference", devices=["2"], dtype="fp8")
     serve["request_seconds"] = serve["step_seconds"]
+    serve["totals"]["requests"] = 30
     for r in (first, restarted, earlier, other, serve):
         store.ingest(parse(r), now)
     stats = IngestStats()

@@ -14,6 +14,7 @@ from prometheus_client.core import (
     SummaryMetricFamily,
 )
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
+from test_exposition import jobs
 
 from gpumon.exposition import Renderer
 from gpumon.gpu.collector import SnapshotCollector
@@ -51,6 +52,7 @@ def edge_families():
 def families_of(node_snapshot):
     registry = CollectorRegistry()
     registry.register(SnapshotCollector(lambda: node_snapshot))
+    registry.register(jobs(node_snapshot))  # training series: histograms with labels among them
     ProcessCollector(registry=registry)
     return list(registry.collect())
 

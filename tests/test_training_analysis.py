@@ -162,3 +162,44 @@ def test_job_totals_and_json_carry_the_evidence(node) -> None:
     assert doc["ranks_on_node"] == 2 and doc["diagnosis"]["evidence"]
     assert doc["ranks"][1]["gpus"][0]["name"] == "NVIDIA A100-SXM4-80GB"
     assert doc["ranks"][0]["rates"]["span"]["tokens"] == 99_000
+
+
+def test_the_override_fills_gaps_in_the_table_and_never_replaces_it(node) -> None:
+    _, _, snap = node
+    override = {"bf16": 155e12}
+    r = rank0(analysis(snap, now_report(10, devices=["0", "2"]), peak_override=override))
+    assert r.peak.flops == H100_BF16 + 155e12 and r.peak.source == "override+table"
+
+
+def test_two_mig_devices_of_one_gpu_are_two_devices_with_their_own_memory(sims, samplers) -> None:
+    sim = sims("1xH100-SXM/mig=3g.40gb+2g.20gb", static=True)
+    snap = samplers(sim).sweep()
+    migs = {m.profile: m for m in snap.gpus[0].reading.mig}
+    r = rank0(analysis(snap, now_report(10, devices=[migs["3g.40gb"].uuid, migs["2g.20gb"].uuid])))
+    assert [u.window.mig_profile for u in r.gpus] == ["3g.40gb", "2g.20gb"]
+    assert r.peak.flops == pytest.approx(H100_BF16 * 5 / 7)
+    three = r.gpus[0].window
+    assert (
+        three.memory_total_bytes
+        == migs["3g.40gb"].memory_total_bytes
+        != snap.gpus[0].reading.memory_total_bytes
+    )
+    assert three.utilization is None, "NVML has no per-instance utilisation; the parent's is not borrowed"
+    r = rank0(analysis(snap, now_report(10, devices=[migs["3g.40gb"].uuid], peak_flops=700e12)))
+    assert r.peak.flops == pytest.approx(700e12 * 3 / 7), "a rank's own peak is per GPU: its slice too"
+
+
+def test_a_lost_gpu_is_the_verdict_and_its_old_samples_are_dropped(sims, samplers) -> None:
+    sim = sims("2xH100-SXM", static=True)
+    set_state(sim, 0)
+    sampler = samplers(sim)
+    before = sampler.sweep()
+    a = analysis(before, now_report(10, devices=["0"]))
+    assert rank0(a).verdict.bottleneck != "gpu_down"
+    sim.faults.add("lost:0")
+    after = sampler.sweep()
+    a.source = lambda: after
+    r = rank0(a)
+    assert r.verdict.bottleneck == "gpu_down" and "GPU 0" in r.verdict.summary
+    assert r.gpus[0].window.up is False and r.gpus[0].window.points == 0
+    assert r.gpus[0].window.utilization is None

@@ -12,7 +12,7 @@ import httpx
 import pytest
 from helpers import require_tool
 from prometheus_client.parser import text_string_to_metric_families
-from reports import now_report
+from reports import now_report, report
 
 from gpumon.client import protocol as P
 from gpumon.training.api import is_local
@@ -154,6 +154,7 @@ def test_promtool_accepts_the_exposition_with_training_series(node) -> None:
     post(node, now_report(100, phases={"data_wait": 1.0, "communication": 2.0}))
     inference = now_report(50, job="serve", kind="inference")
     inference["request_seconds"] = inference["step_seconds"]
+    inference["totals"]["requests"] = 50
     post(node, inference)
     body = node.get("/metrics").text
     assert "gpumon_training_step_duration_seconds_bucket" in body
@@ -213,3 +214,17 @@ def test_gpumon_diagnose_explains_the_verdict_with_numbers(node) -> None:
     assert down.returncode == 1 and down.stderr.count("\n") == 1 and "cannot reach" in down.stderr
     bad = run_gpumon("diagnose", "--url", "ftp://x")
     assert bad.returncode == 2 and "--url" in bad.stderr
+
+
+def test_two_processes_reporting_as_one_rank_get_409_naming_both(node) -> None:
+    now = time.time()
+    first = report(5, incarnation="first", pid=100, started=now - 30)
+    second = report(5, incarnation="second", pid=200, started=now - 20)
+    assert post(node, first).status_code == 204
+    assert post(node, second).status_code == 204
+    again = report(9, incarnation="first", pid=100, started=now - 30, t=now)
+    r = post(node, again)
+    assert r.status_code == 409 and "pid 200" in r.json()["detail"]
+    assert node.client.get(P.PATH).status_code == 405
+    outcomes = samples(node.get("/metrics").text, "gpumon_ingest_reports_total")
+    assert outcomes[(("outcome", "conflict"),)] == 1 and outcomes[(("outcome", "invalid"),)] == 1

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from reports import report
 
@@ -95,3 +97,36 @@ def test_every_protocol_dtype_and_convention_is_accepted() -> None:
         assert parse(report(1, dtype=dtype)).dtype == dtype
     for convention in P.CONVENTIONS:
         assert parse(report(1, flops_convention=convention)).flops_convention == convention
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda d: d["anchor"].update(tokens=10**6), "anchor.tokens: larger than totals.tokens"),
+        (lambda d: d.update(updated=d["time"] + 3600), "updated: later than the report's own time"),
+        (lambda d: d["anchor"].update(time=d["updated"] + 60), "anchor.time: later than updated"),
+        (lambda d: d.update(started=d["time"] + 3600), "started: later than the report's own time"),
+        (lambda d: d["step_seconds"]["counts"].__setitem__(0, 99), "step_seconds: more observations"),
+        (lambda d: d.update(request_seconds=d["step_seconds"]), "request_seconds: more observations"),
+        (lambda d: d.update(peak_flops=989.5), "give FLOP/s, not TFLOP/s"),
+        (lambda d: d.update(peak_flops=5e-324), "below 1 GFLOP/s"),
+        (lambda d: d.update(v=True), "protocol version 1"),
+        (lambda d: d.update(v=1.0), "protocol version 1"),
+    ],
+)
+def test_fields_that_contradict_each_other_are_refused(change, message) -> None:
+    """What one honest incarnation cannot send: a rate derived from it would be negative, infinite or
+    forever progressing."""
+    data = report(10)
+    change(data)
+    with pytest.raises(InvalidReport, match=re.escape(message)):
+        parse(data)
+
+
+def test_the_sdk_s_per_call_bounds_fit_the_daemon_s_totals() -> None:
+    """A value the SDK accepts can never make the daemon refuse the rank's later reports."""
+    assert P.MAX_PER_CALL * 1000 < P.MAX_COUNT and P.MAX_PER_CALL_SECONDS * 100 < P.MAX_SECONDS
+    data = report(1)
+    data["totals"]["tokens"] = P.MAX_PER_CALL
+    data["phases"] = {"data_wait": P.MAX_PER_CALL_SECONDS}
+    assert parse(data).totals.tokens == P.MAX_PER_CALL

@@ -6,7 +6,7 @@ import pytest
 from reports import T0, report
 
 from gpumon.training.report import parse
-from gpumon.training.store import FINISHED_LINGER, JobStore, LimitExceeded, Stale
+from gpumon.training.store import FINISHED_LINGER, Conflict, JobStore, LimitExceeded, Stale
 
 
 def store(**kw: float) -> JobStore:
@@ -36,7 +36,7 @@ def test_totals_going_backwards_within_an_incarnation_are_refused() -> None:
     s = store()
     s.ingest(parse(report(5)), T0)
     bad = report(5, seq=9)
-    bad["totals"]["tokens"] = 10
+    bad["totals"]["tokens"] = 1500  # above the anchor (1000), below the last report (5000)
     with pytest.raises(ValueError, match=r"totals\.tokens went backwards"):
         s.ingest(parse(bad), T0)
 
@@ -98,3 +98,53 @@ def test_history_is_bounded_to_the_window_plus_one_point() -> None:
         s.ingest(parse(report(i, t=T0 + i)), T0 + i)
     (view,) = s.views(T0 + 99)
     assert len(view.points) <= 12 and view.points[0].reported < T0 + 89 <= view.points[1].reported
+
+
+def test_two_live_processes_as_one_rank_are_a_conflict_not_a_restart() -> None:
+    s = store()
+    s.ingest(parse(report(5, started=T0, incarnation="first", pid=100)), T0 + 1)
+    s.ingest(parse(report(3, started=T0 + 2, incarnation="second", pid=200)), T0 + 3)
+    # within the grace a late report of the replaced process is just stale ...
+    with pytest.raises(Stale):
+        s.ingest(parse(report(6, started=T0, incarnation="first", pid=100, t=T0 + 4)), T0 + 4)
+    # ... but still reporting well after its successor started, it is a second live process
+    with pytest.raises(Conflict) as exc:
+        s.ingest(parse(report(9, started=T0, incarnation="first", pid=100, t=T0 + 20)), T0 + 20)
+    assert "pid 200" in str(exc.value) and "pid 100" in str(exc.value) and "GPUMON_JOB" in str(exc.value)
+
+
+def test_a_rank_that_went_and_came_back_continues_its_counters() -> None:
+    s = store(ttl=30.0)
+    s.ingest(parse(report(50, final=True)), T0)  # crashed: the SDK's at-exit report
+    assert s.views(T0 + 100) == []  # gone from the series
+    s.ingest(parse(report(5, started=T0 + 200, incarnation="again")), T0 + 201)
+    (view,) = s.views(T0 + 201)
+    assert view.restarts == 1 and view.offsets.steps + view.report.totals.steps == 55
+
+
+def test_a_silent_process_that_comes_back_keeps_its_offsets_without_a_restart() -> None:
+    s = store(ttl=30.0)
+    s.ingest(parse(report(50, started=T0 - 100, incarnation="old")), T0 - 90)
+    s.ingest(parse(report(10, started=T0, incarnation="cur")), T0)  # a restart: offsets 50
+    assert s.views(T0 + 60) == []  # silent past the TTL (SIGSTOP, a partition)
+    s.ingest(parse(report(20, started=T0, incarnation="cur", seq=99)), T0 + 61)
+    (view,) = s.views(T0 + 61)
+    assert view.restarts == 1 and view.offsets.steps + view.report.totals.steps == 70
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda d: d["step_seconds"].update(sum=0.0),
+        lambda d: d["step_seconds"]["counts"].__setitem__(6, 0),
+        lambda d: d.update(phases={}),
+        lambda d: d.update(phases={"data_wait": 0.1}),
+    ],
+)
+def test_every_cumulative_field_must_not_go_backwards(change) -> None:
+    s = store()
+    s.ingest(parse(report(10, phases={"data_wait": 1.0})), T0)
+    later = report(20, phases={"data_wait": 2.0})
+    change(later)
+    with pytest.raises(ValueError, match="went backwards within one incarnation"):
+        s.ingest(parse(later), T0 + 1)

@@ -66,3 +66,29 @@ def test_phase_shares_and_step_time_over_the_window() -> None:
     r = measure(view(a, b), now=b["time"], window=60.0)
     assert r.phase_ratios == {"data_wait": pytest.approx(0.3), "communication": pytest.approx(0.3)}
     assert r.step_time_seconds == pytest.approx(0.1)
+
+
+def test_a_rank_stops_progressing_after_four_step_times_not_a_whole_window() -> None:
+    a = report(10, step_seconds=5.0)
+    b = report(20, step_seconds=5.0)  # 5 s steps: stalled once the last step is 20 s old
+    v = view(a, b, window=600.0)
+    assert measure(v, now=b["time"] + 19, window=600.0).progressing
+    r = measure(v, now=b["time"] + 21, window=600.0)
+    assert not r.progressing and r.tokens_per_second == 0.0
+
+
+def test_fast_steps_still_get_ten_seconds_before_they_count_as_stalled() -> None:
+    v = view(report(100))  # 0.1 s steps
+    assert measure(v, now=v.report.time + 9, window=60.0).progressing
+    assert not measure(v, now=v.report.time + 11, window=60.0).progressing
+
+
+def test_ages_are_measured_on_the_rank_s_clock_not_the_daemon_s() -> None:
+    """A report whose clock is an hour behind the daemon's (a wall-clock step in the training process after
+    it started) is still progressing when it has just stepped."""
+    r = report(100)
+    s = JobStore(max_jobs=4, max_ranks=8, ttl=600.0, window=60.0)
+    s.ingest(parse(r), r["time"] + 3600)  # arrives now, by the daemon's clock
+    (v,) = s.views(r["time"] + 3601)
+    rates = measure(v, now=r["time"] + 3601, window=60.0)
+    assert rates.progressing and rates.tokens_per_second == pytest.approx(99_000 / 9.9)

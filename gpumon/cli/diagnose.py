@@ -7,7 +7,7 @@ import json
 import textwrap
 from typing import Any
 
-from gpumon.cli.daemon_api import default_url, get_json, job_path
+from gpumon.cli.daemon_api import DaemonError, default_url, get_json, job_path
 from gpumon.config import Settings
 
 USES_GPUS = False  # it reads the daemon's API; no GPU options
@@ -26,7 +26,13 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
         jobs = [get_json(url, job_path(args.job), missing=missing)]
     else:
         listing = get_json(url, "/v1/jobs")
-        jobs = [get_json(url, job_path(j["job"])) for j in listing.get("jobs", [])]
+        jobs = []
+        for j in listing.get("jobs", []):
+            try:
+                jobs.append(get_json(url, job_path(j["job"]), missing="gone"))
+            except DaemonError as exc:
+                if str(exc) != "gone":  # a job that finished between the listing and this request
+                    raise
     if args.json:
         print(json.dumps(jobs, indent=2))
         return 0

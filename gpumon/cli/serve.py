@@ -103,6 +103,11 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
         shown,
         port,
     )
+    if settings.ingest and settings.ingest_allow_remote and not settings.ingest_token:
+        log.warning(
+            "--ingest-allow-remote without --ingest-token: any host that reaches this port can report "
+            "training data; set a token"
+        )
     if settings.ingest:
         log.info(
             "training reports accepted on POST /v1/report from %s%s%s",

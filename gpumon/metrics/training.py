@@ -24,8 +24,9 @@ RANK_INFO = metric(
 RANK_GPU_INFO = metric(
     "gpumon_training_rank_gpu_info",
     "gauge",
-    "A GPU a rank uses (from the device it reported, else from NVML's process list by its pid); 1.",
-    (*RANK, "gpu", "uuid", "via"),
+    "A GPU (or MIG device, mig_uuid) a rank uses, from the device it reported (via device or mig) or "
+    "NVML's process list by its pid (via process); 1.",
+    (*RANK, "gpu", "uuid", "mig_uuid", "via"),
     source="SDK report devices / nvmlDeviceGetComputeRunningProcesses",
 )
 LAST_REPORT = metric(
@@ -68,7 +69,8 @@ REQUESTS = metric(
 STEP_DURATION = metric(
     "gpumon_training_step_duration_seconds",
     "histogram",
-    "Time between consecutive optimizer steps.",
+    "Time between consecutive optimizer steps (the first step of a process only starts the clock, so the "
+    "count is steps less one per process start).",
     RANK,
     "seconds",
     "SDK step()",
@@ -203,7 +205,8 @@ INGEST_REPORTS = metric(
     "gpumon_ingest_reports_total",
     "counter",
     "Reports received, by outcome (accepted, duplicate, or the reason for refusing: invalid, "
-    "unauthorized, forbidden, too_large, job_limit, rank_limit).",
+    "unauthorized, forbidden, too_large, job_limit, rank_limit, conflict: a second live process "
+    "reporting as the same job and rank).",
     ("outcome",),
     source="POST /v1/report",
 )

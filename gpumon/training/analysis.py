@@ -1,14 +1,15 @@
 """Join what ranks report with what the GPUs show: rates, MFU, tokens per joule, diagnosis, stragglers.
 
 Computed on demand (a scrape, GET /v1/jobs) from the store's views and the sampler's latest snapshot; it
-never calls NVML. Peak FLOP/s come, in order, from the rank's own report, the operator's override
-(--peak-tflops) and the peak table; a GPU the table does not know leaves MFU absent, with a warning,
-rather than borrowing another GPU's figure.
+never calls NVML. Peak FLOP/s come from the rank's own report, else the peak table, else the operator's
+override (--peak-tflops) for GPUs the table does not know; a GPU known to none of them leaves MFU absent,
+with a warning, rather than borrowing another GPU's figure.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import re
 import time
 from collections.abc import Callable, Mapping
@@ -18,7 +19,7 @@ from typing import Any
 from gpumon.gpu.snapshot import Snapshot
 from gpumon.training import peaks
 from gpumon.training.diagnosis import Signals, Thresholds, Verdict, diagnose, straggler_scores
-from gpumon.training.gpus import GpuHistory, GpuWindow, resolve
+from gpumon.training.gpus import Found, GpuHistory, GpuWindow, resolve
 from gpumon.training.store import JobStore, RankView
 from gpumon.training.window import Rates, measure
 
@@ -31,8 +32,7 @@ MIG_COMPUTE_SLICES = 7.0  # A100, H100, H200: a "1g" instance has one seventh of
 class GpuUse:
     window: GpuWindow
     via: str  # device, mig or process
-    mig_profile: str | None
-    sharers: int  # ranks on this node using the same GPU
+    sharers: int  # ranks on this node using the same GPU (or MIG device)
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +88,7 @@ class Analysis:
         self.store = store
         self.source = source
         self.thresholds = thresholds or Thresholds()
-        self.peak_override = dict(peak_override or {})  # dtype (or "*") → FLOP/s per GPU
+        self.peak_override = dict(peak_override or {})  # dtype → FLOP/s per GPU, for GPUs the table lacks
         self.clock = clock
         self.history = GpuHistory()
         self._warned: set[tuple[str, str]] = set()
@@ -106,19 +106,18 @@ class Analysis:
         snap = self.source()
         self.history.observe(snap, self.window)
         views = self.store.views(now)
-        resolved = {
-            v.report.job + "\0" + str(v.report.rank): resolve(v.report.devices, v.report.pid, snap)
-            for v in views
+        resolved: dict[tuple[str, int], list[Found]] = {
+            (v.report.job, v.report.rank): resolve(v.report.devices, v.report.pid, snap) for v in views
         }
         sharers: dict[str, int] = {}
-        for found in resolved.values():
-            for st, _, _ in found:
-                sharers[st.info.uuid] = sharers.get(st.info.uuid, 0) + 1
+        for founds in resolved.values():
+            for f in founds:
+                sharers[f.key] = sharers.get(f.key, 0) + 1
         by_job: dict[str, list[RankResult]] = {}
         for v in views:
             uses = tuple(
-                GpuUse(self.history.window(st, now, self.window), via, profile, sharers[st.info.uuid])
-                for st, via, profile in resolved[v.report.job + "\0" + str(v.report.rank)]
+                GpuUse(self.history.window(f.status, now, self.window, f.mig), f.via, sharers[f.key])
+                for f in resolved[(v.report.job, v.report.rank)]
             )
             by_job.setdefault(v.report.job, []).append(self._rank(v, uses, now))
         return [self._job(job, ranks) for job, ranks in sorted(by_job.items())]
@@ -129,12 +128,12 @@ class Analysis:
         peak = self._peak(v, uses)
         flops = None
         if r.flops_per_token is not None and rates.tokens_per_second is not None:
-            flops = rates.tokens_per_second * r.flops_per_token
-        mfu = flops / peak.flops if flops is not None and peak.flops else None
+            flops = _finite(rates.tokens_per_second * r.flops_per_token)
+        mfu = _finite(flops / peak.flops) if flops is not None and peak.flops else None
         watts = [u.window.power_watts / u.sharers for u in uses if u.window.power_watts is not None]
         tpj = None
         if rates.tokens_per_second is not None and watts and len(watts) == len(uses) and sum(watts) > 0:
-            tpj = rates.tokens_per_second / sum(watts)
+            tpj = _finite(rates.tokens_per_second / sum(watts))
         signals = self._signals(rates, uses, mfu)
         return RankResult(
             v, rates, uses, peak, flops, mfu, tpj, signals, diagnose(signals, self.thresholds), None
@@ -147,31 +146,34 @@ class Analysis:
                 None, None, "no GPU known for this rank: report device= or run where NVML sees its pid"
             )
         if r.peak_flops is not None:
-            return Peak(r.peak_flops * len(uses), "report", None)
+            return Peak(sum(r.peak_flops * _mig_fraction(u.window.mig_profile) for u in uses), "report", None)
         if r.dtype is None:
             return Peak(None, None, "the rank did not report its dtype (Reporter(dtype=...))")
         total = 0.0
-        source = "table"
+        sources = set()
         for u in uses:
-            per_gpu = self.peak_override.get(r.dtype, self.peak_override.get("*"))
-            if per_gpu is not None:
+            per_gpu = peaks.peak_flops(u.window.name, r.dtype)
+            source = "table"
+            if per_gpu is None:  # the override is for GPUs the table does not know, never over the table
+                per_gpu = self.peak_override.get(r.dtype)
                 source = "override"
-            else:
-                per_gpu = peaks.peak_flops(u.window.name, r.dtype)
             if per_gpu is None:
-                key = (u.window.name, r.dtype)
-                if key not in self._warned:
-                    self._warned.add(key)
-                    log.warning(
-                        "no %s peak FLOP/s known for %r: MFU is left out for jobs on it; set "
-                        "--peak-tflops (e.g. %s=NNN) to supply the datasheet figure",
-                        r.dtype,
-                        u.window.name,
-                        r.dtype,
-                    )
+                self._warn_unknown(u.window.name, r.dtype)
                 return Peak(None, None, f"no {r.dtype} peak known for {u.window.name!r}: set --peak-tflops")
-            total += per_gpu * _mig_fraction(u.mig_profile)
-        return Peak(total, source, None)
+            sources.add(source)
+            total += per_gpu * _mig_fraction(u.window.mig_profile)
+        return Peak(total, "+".join(sorted(sources)), None)
+
+    def _warn_unknown(self, name: str, dtype: str) -> None:
+        if (name, dtype) not in self._warned:
+            self._warned.add((name, dtype))
+            log.warning(
+                "no %s peak FLOP/s known for %r: MFU is left out for jobs on it; set --peak-tflops "
+                "(e.g. %s=NNN, TFLOP/s from the datasheet) to supply it",
+                dtype,
+                name,
+                dtype,
+            )
 
     def _signals(self, rates: Rates, uses: tuple[GpuUse, ...], mfu: float | None) -> Signals:
         w = [u.window for u in uses]
@@ -181,8 +183,10 @@ class Analysis:
             capacity = known.nvlink_total_bytes_per_second if known else None
             if g.nvlink_bytes_per_second is not None and capacity:
                 nvlink.append(g.nvlink_bytes_per_second / capacity)
+        down = [g for g in w if not g.up]
         return Signals(
             progressing=rates.progressing,
+            gpu_down=(f"GPU {down[0].index}: {down[0].down_reason or 'not answering'}" if down else None),
             utilization=_mean([g.utilization for g in w]),
             data_wait_share=rates.phase_ratios.get("data_wait"),
             communication_share=rates.phase_ratios.get("communication"),
@@ -210,6 +214,7 @@ class Analysis:
         progressing = [s.progressing for s in sig if s.progressing is not None]
         signals = Signals(
             progressing=any(progressing) if progressing else None,
+            gpu_down=next((s.gpu_down for s in sig if s.gpu_down), None),
             utilization=_mean([s.utilization for s in sig]),
             data_wait_share=_mean([s.data_wait_share for s in sig]),
             communication_share=_mean([s.communication_share for s in sig]),
@@ -225,6 +230,10 @@ class Analysis:
         return JobResult(
             job, tuple(ranks), sum(known) if known else None, mfu, signals, diagnose(signals, self.thresholds)
         )
+
+
+def _finite(x: float) -> float | None:
+    return x if math.isfinite(x) else None
 
 
 def _mig_fraction(profile: str | None) -> float:
@@ -322,10 +331,13 @@ def _rank_json(r: RankResult) -> dict[str, Any]:
         "gpus": [
             {
                 "index": u.window.index,
+                "up": u.window.up,
+                "down_reason": u.window.down_reason,
                 "uuid": u.window.uuid,
                 "name": u.window.name,
                 "via": u.via,
-                "mig_profile": u.mig_profile,
+                "mig_uuid": u.window.mig_uuid,
+                "mig_profile": u.window.mig_profile,
                 "shared_by_ranks": u.sharers,
                 "utilization": u.window.utilization,
                 "sm_active": u.window.sm_active,

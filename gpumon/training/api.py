@@ -23,7 +23,7 @@ from gpumon.client import protocol as P
 from gpumon.training import report as reports
 from gpumon.training.analysis import Analysis, job_json
 from gpumon.training.collector import IngestStats
-from gpumon.training.store import LimitExceeded, Stale
+from gpumon.training.store import Conflict, LimitExceeded, Stale
 
 
 @dataclass(frozen=True)
@@ -80,7 +80,7 @@ class Ingest:
 
     async def _handle(self, scope: Scope, receive: Receive) -> tuple[int, str]:
         if scope["method"] != "POST":
-            return 405, f"{P.PATH} takes POST"
+            return self._refuse("invalid", 405, f"{P.PATH} takes POST")
         if not self.policy.allow_remote and not is_local(scope.get("client")):
             return self._refuse(
                 "forbidden",
@@ -111,6 +111,8 @@ class Ingest:
             return 204, ""
         except LimitExceeded as exc:
             return self._refuse(exc.outcome, 429, str(exc))
+        except Conflict as exc:
+            return self._refuse("conflict", 409, str(exc))
         except ValueError as exc:
             return self._refuse("invalid", 422, str(exc))
         self.stats.count("accepted")

@@ -12,6 +12,7 @@ from prometheus_client.core import (
     HistogramMetricFamily,
     Metric,
 )
+from prometheus_client.utils import floatToGoString
 
 from gpumon import metrics as M
 from gpumon.client import protocol as P
@@ -27,9 +28,10 @@ OUTCOMES = (
     "too_large",
     "job_limit",
     "rank_limit",
+    "conflict",
 )
 _TRAINING = [m for m in M.REGISTRY if m.name.startswith("gpumon_training_")]
-_LE = [*(f"{b:g}" for b in P.BUCKETS), "+Inf"]
+_LE = [*(floatToGoString(b) for b in P.BUCKETS), "+Inf"]  # "1.0", as prometheus_client writes it
 
 
 class IngestStats:
@@ -117,7 +119,8 @@ def _add_rank(f: dict[str, Any], r: RankResult) -> None:
         1,
     )
     for u in r.gpus:
-        f[M.RANK_GPU_INFO.name].add_metric([*rl, str(u.window.index), u.window.uuid, u.via], 1)
+        w = u.window
+        f[M.RANK_GPU_INFO.name].add_metric([*rl, str(w.index), w.uuid, w.mig_uuid or "", u.via], 1)
     f[M.LAST_REPORT.name].add_metric(rl, rep.time)
     _opt(f, M.LAST_PROGRESS, rl, rep.updated)
     f[M.RESTARTS.name].add_metric(rl, r.view.restarts)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 BOTTLENECKS = (
+    "gpu_down",
     "idle",
     "stalled",
     "input",
@@ -81,7 +82,8 @@ def parse_thresholds(items: Sequence[str] | dict[str, Any]) -> Thresholds:
 class Signals:
     """What the diagnosis looks at, for one rank or a whole job on this node. None: not measured."""
 
-    progressing: bool | None  # a step landed in the window (None: nothing reported yet)
+    progressing: bool | None  # a step landed recently (None: nothing reported yet)
+    gpu_down: str | None = None  # a GPU of the rank that NVML lost, and why
     utilization: float | None = None
     data_wait_share: float | None = None
     communication_share: float | None = None
@@ -141,6 +143,9 @@ def _pct(x: float | None) -> str:
 
 
 ADVICE = {
+    "gpu_down": "A GPU this rank runs on stopped answering NVML (lost, fallen off the bus, or a hung "
+    "driver call): its numbers are gone and the job will fail or hang on it. Check the XID errors "
+    "(gpumon_gpu_xid_errors_total, docs/xid.md) and dmesg; drain the node if it does not come back.",
     "idle": "Nothing is running on the GPU and no step completed: the job is between phases, finished, or "
     "waiting on something outside the GPU (a checkpoint upload, a scheduler).",
     "stalled": "The GPU is busy but no step completed in the window: look for a hung collective (NCCL "
@@ -209,9 +214,12 @@ def diagnose(s: Signals, t: Thresholds) -> Verdict:
         ("memory_bandwidth", bool(ev["dram"].met) and bool(ev["tensor_low"].met), ("dram", "tensor_low")),
         ("compute", compute, ("tensor_busy", "sm_busy", "util_busy")),
     ]
-    if s.progressing is False or s.progressing is None:
+    used: tuple[str, ...]
+    if s.gpu_down is not None:
+        verdict, used = "gpu_down", ()
+    elif s.progressing is False or s.progressing is None:
         verdict = "stalled" if ev["utilization_idle"].met is False else "idle"
-        used: tuple[str, ...] = ("utilization_idle",)
+        used = ("utilization_idle",)
     else:
         verdict, used = next(((name, keys) for name, ok, keys in conditions if ok), ("undetermined", ()))
     findings = tuple(name for name, ok, _ in conditions if ok and name != verdict)
@@ -224,8 +232,9 @@ def diagnose(s: Signals, t: Thresholds) -> Verdict:
 def _summary(verdict: str, s: Signals) -> str:
     util, dw, comm = _pct(s.utilization), _pct(s.data_wait_share), _pct(s.communication_share)
     return {
-        "idle": f"no step in the window and the GPU is idle (utilisation {util})",
-        "stalled": f"no step in the window while the GPU is busy (utilisation {util})",
+        "gpu_down": f"a GPU is down ({s.gpu_down})",
+        "idle": f"no recent step and the GPU is idle (utilisation {util})",
+        "stalled": f"no recent step while the GPU is busy (utilisation {util})",
         "input": f"input-bound: {dw} of wall time waiting for data, GPU utilisation {util}",
         "communication": f"communication-bound: {comm} of wall time in communication, link use "
         f"{_pct(_link(s))}",

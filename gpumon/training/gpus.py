@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from gpumon.gpu.snapshot import GpuStatus, Snapshot
-from gpumon.gpu.types import GpuReading
+from gpumon.gpu.types import GpuReading, MigReading
 
 # clock-event reasons that cost throughput: power caps, thermal limits and hardware slowdowns
 THROTTLING = 0x004 | 0x008 | 0x020 | 0x040 | 0x080
@@ -41,12 +41,15 @@ class GpuPoint(NamedTuple):
 
 @dataclass(frozen=True, slots=True)
 class GpuWindow:
-    """One GPU over the window: means of ratios, rates from counters."""
+    """One GPU (or one MIG device of it) over the window: means of ratios, rates from counters."""
 
     index: int
-    uuid: str
+    uuid: str  # the GPU's; for a MIG device, its parent's
     name: str
     up: bool
+    down_reason: str | None
+    mig_uuid: str | None
+    mig_profile: str | None
     points: int
     utilization: float | None
     sm_active: float | None
@@ -96,6 +99,33 @@ def _point(t: float, r: GpuReading) -> GpuPoint:
     )
 
 
+def _mig_point(t: float, r: GpuReading, m: MigReading) -> GpuPoint:
+    """A MIG device's own memory and profiling counters; the links, power and clocks are its parent's and
+    are not apportioned (NVML has no per-instance utilisation, power or traffic)."""
+    p = m.profiling
+    used = (
+        m.memory_used_bytes / m.memory_total_bytes
+        if m.memory_used_bytes is not None and m.memory_total_bytes
+        else None
+    )
+    throttled = None if r.throttle_reasons is None else bool(r.throttle_reasons & THROTTLING)
+    return GpuPoint(
+        t,
+        None,
+        None if p is None else p.sm_active_ratio,
+        None if p is None else p.tensor_active_ratio,
+        None if p is None else p.dram_active_ratio,
+        used,
+        None,
+        None,
+        None,
+        None,
+        None,
+        None,
+        throttled,
+    )
+
+
 def _mean(values: Sequence[float | None]) -> float | None:
     known = [v for v in values if v is not None]
     return sum(known) / len(known) if known else None
@@ -125,20 +155,32 @@ class GpuHistory:
             self._seen = snap.sweep
             live = set()
             for st in snap.gpus:
-                live.add(st.info.uuid)
-                if st.reading is None:
+                r = st.reading
+                if r is None:  # down: its last good samples must not stand in for it
                     continue
-                points = self._points.setdefault(st.info.uuid, deque(maxlen=MAX_HISTORY))
-                points.append(_point(st.reading.timestamp, st.reading))
-                while len(points) > 2 and points[1].t < snap.timestamp - window:
-                    points.popleft()
-            for uuid in set(self._points) - live:  # a GPU that left the node
+                live.add(st.info.uuid)
+                self._add(st.info.uuid, _point(r.timestamp, r), snap.timestamp - window)
+                for m in r.mig or ():
+                    live.add(m.uuid)
+                    self._add(m.uuid, _mig_point(r.timestamp, r, m), snap.timestamp - window)
+            for uuid in set(self._points) - live:  # down, gone, or a MIG device destroyed
                 del self._points[uuid]
 
-    def window(self, st: GpuStatus, now: float, window: float) -> GpuWindow:
+    def _add(self, key: str, point: GpuPoint, horizon: float) -> None:
+        points = self._points.setdefault(key, deque(maxlen=MAX_HISTORY))
+        points.append(point)
+        while len(points) > 2 and points[1].t < horizon:
+            points.popleft()
+
+    def window(self, st: GpuStatus, now: float, window: float, mig: MigReading | None = None) -> GpuWindow:
+        key = st.info.uuid if mig is None else mig.uuid
         with self._lock:
-            points = [p for p in self._points.get(st.info.uuid, ()) if p.t >= now - window]
+            points = [p for p in self._points.get(key, ()) if p.t >= now - window]
         r = st.reading
+        used_bytes = None if r is None else r.memory_used_bytes
+        total_bytes = None if r is None else r.memory_total_bytes
+        if mig is not None:
+            used_bytes, total_bytes = mig.memory_used_bytes, mig.memory_total_bytes
         energy_rate = _counter_rate(points, "energy")
         nvl = _mean([p.nvlink_rate for p in points])
         if nvl is None:
@@ -150,14 +192,20 @@ class GpuHistory:
             uuid=st.info.uuid,
             name=st.info.name,
             up=st.up,
+            down_reason=st.down_reason,
+            mig_uuid=None if mig is None else mig.uuid,
+            mig_profile=None if mig is None else mig.profile,
             points=len(points),
             utilization=_mean([p.utilization for p in points]),
             sm_active=_mean([p.sm_active for p in points]),
             tensor_active=_mean([p.tensor_active for p in points]),
             dram_active=_mean([p.dram_active for p in points]),
-            memory_used_ratio=points[-1].memory_used_ratio if points else None,
-            memory_used_bytes=None if r is None else r.memory_used_bytes,
-            memory_total_bytes=None if r is None else r.memory_total_bytes,
+            # the window's peak: pressure that came and went within it still mattered
+            memory_used_ratio=max(
+                (p.memory_used_ratio for p in points if p.memory_used_ratio is not None), default=None
+            ),
+            memory_used_bytes=used_bytes,
+            memory_total_bytes=total_bytes,
             power_watts=energy_rate if energy_rate is not None else _mean([p.power for p in points]),
             nvlink_bytes_per_second=nvl,
             pcie_utilization=sum(pcie) / len(pcie) if pcie else None,
@@ -175,35 +223,58 @@ def _by_prefix(device: str, by_uuid: dict[str, GpuStatus]) -> GpuStatus | None:
     return found[0] if len(found) == 1 else None
 
 
-def resolve(
-    devices: Sequence[str], pid: int, snap: Snapshot | None
-) -> list[tuple[GpuStatus, str, str | None]]:
-    """The GPUs a rank uses: (status, how we know, MIG profile or None).
+@dataclass(frozen=True, slots=True)
+class Found:
+    """A GPU a rank uses, how we know, and the MIG device when it runs on one."""
 
-    ``device``: the rank said so (an NVML index or UUID); ``mig``: it named a MIG device; ``process``: NVML
-    lists its pid as a compute process (bare metal and hostPID pods; a containerised pid namespace hides it).
+    status: GpuStatus
+    via: str  # device, mig or process
+    mig: MigReading | None = None
+
+    @property
+    def key(self) -> str:
+        return self.mig.uuid if self.mig is not None else self.status.info.uuid
+
+
+def _mig(snap: Snapshot, uuid: str) -> tuple[GpuStatus, MigReading] | None:
+    for st in snap.gpus:
+        for m in (st.reading.mig if st.reading is not None else None) or ():
+            if m.uuid == uuid:
+                return st, m
+    return None
+
+
+def resolve(devices: Sequence[str], pid: int, snap: Snapshot | None) -> list[Found]:
+    """The GPUs a rank uses, once each.
+
+    ``device``: the rank said so (an NVML index or UUID, or a unique UUID prefix); ``mig``: it named a MIG
+    device; ``process``: NVML lists its pid as a compute process (bare metal and hostPID pods; a
+    containerised pid namespace hides it), on a MIG device where NVML says which instance.
     """
     if snap is None:
         return []
-    out: list[tuple[GpuStatus, str, str | None]] = []
+    out: list[Found] = []
     by_index = {str(st.info.index): st for st in snap.gpus}
     by_uuid = {st.info.uuid: st for st in snap.gpus}
     for d in devices:
         st = by_index.get(d) or by_uuid.get(d) or _by_prefix(d, by_uuid)
         if st is not None:
-            out.append((st, "device", None))
-        elif d.startswith("MIG-"):
-            for st in snap.gpus:
-                mig = st.reading.mig if st.reading is not None else None
-                profile = next((m.profile for m in mig or () if m.uuid == d), None)
-                if profile is not None:
-                    out.append((st, "mig", profile))
+            out.append(Found(st, "device"))
+        elif d.startswith("MIG-") and (hit := _mig(snap, d)) is not None:
+            out.append(Found(hit[0], "mig", hit[1]))
     if not out:
         for st in snap.gpus:
-            procs = st.reading.processes if st.reading is not None else None
-            if procs and any(p.pid == pid for p in procs):
-                out.append((st, "process", None))
-    unique: dict[str, tuple[GpuStatus, str, str | None]] = {}
+            r = st.reading
+            if r is None:
+                continue
+            for p in r.processes or ():
+                if p.pid == pid:
+                    where = (p.gpu_instance_id, p.compute_instance_id)
+                    mig = next(
+                        (m for m in r.mig or () if (m.gpu_instance_id, m.compute_instance_id) == where), None
+                    )
+                    out.append(Found(st, "process", mig))
+    unique: dict[str, Found] = {}
     for found in out:
-        unique.setdefault(found[0].info.uuid, found)
+        unique.setdefault(found.key, found)
     return list(unique.values())

@@ -14,6 +14,7 @@ specific match (most required tokens) wins, so "H100 PCIe" beats "H100 80GB HBM3
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from dataclasses import dataclass
@@ -149,6 +150,11 @@ def lookup(device_name: str) -> GpuPeaks | None:
     """The table row for an NVML/torch device name, or None when the GPU is unknown or ambiguous."""
     if not isinstance(device_name, str):
         return None
+    return _lookup(device_name)
+
+
+@functools.lru_cache(maxsize=256)  # a node has a handful of names, asked for per rank on every scrape
+def _lookup(device_name: str) -> GpuPeaks | None:
     name = tokens(device_name)
     if not name or name & _NEVER:
         return None

@@ -18,10 +18,8 @@ from gpumon.client import protocol as P
 _NAME = re.compile(P.NAME_PATTERN)
 _PHASE = re.compile(P.PHASE_PATTERN)
 _INCARNATION = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
-_DEVICE = re.compile(r"^(?:\d{1,4}|(?:GPU|MIG)-[A-Za-z0-9/-]{1,96})$")
-_MAX_COUNT = 2.0**63  # counters beyond this are corruption, not training
-_MAX_SECONDS = 10.0 * 365 * 86400
-_MAX_FLOPS = 1e24  # per token or per GPU-second: far above any model or GPU, below float trouble
+_DEVICE = re.compile(P.DEVICE_PATTERN)
+_CLOCK_SLACK = 5.0  # seconds a report's own times may disagree (rounding, a clock read a moment apart)
 _KNOWN = frozenset(
     [
         "v",
@@ -103,12 +101,19 @@ class Report:
 
 
 def parse(data: Any) -> Report:
+    """Validate one report: every field on its own, then the fields against each other."""
+    report = _fields(data)
+    _consistent(report)
+    return report
+
+
+def _fields(data: Any) -> Report:
     if not isinstance(data, dict):
         raise InvalidReport("the body must be a JSON object")
     unknown = sorted(set(data) - _KNOWN)
     if unknown:
         raise InvalidReport(f"unknown field {unknown[0]!r} (protocol version {P.VERSION})")
-    if data.get("v") != P.VERSION:
+    if data.get("v") != P.VERSION or isinstance(data.get("v"), bool | float):
         raise InvalidReport(f"v: this daemon speaks protocol version {P.VERSION}, got {_show(data.get('v'))}")
     world = _int(data, "world_size", 1, 1 << 20)
     local = data.get("local_rank")
@@ -128,11 +133,11 @@ def parse(data: Any) -> Report:
         started=_timestamp(data, "started"),
         devices=_devices(data.get("devices")),
         dtype=None if data.get("dtype") is None else _choice(data, "dtype", P.DTYPES),
-        flops_per_token=_optional_number(data, "flops_per_token", _MAX_FLOPS, positive=True),
+        flops_per_token=_optional_number(data, "flops_per_token", P.MAX_FLOPS, positive=True),
         flops_convention=(
             None if data.get("flops_convention") is None else _choice(data, "flops_convention", P.CONVENTIONS)
         ),
-        peak_flops=_optional_number(data, "peak_flops", _MAX_FLOPS, positive=True),
+        peak_flops=_peak(data),
         totals=_totals(data.get("totals"), "totals"),
         updated=None if data.get("updated") is None else _timestamp(data, "updated"),
         anchor_time=None if anchor is None else _timestamp(_object(anchor, "anchor"), "time", "anchor.time"),
@@ -142,6 +147,38 @@ def parse(data: Any) -> Report:
         phases=_phases(data.get("phases")),
         final=_bool(data, "final"),
     )
+
+
+def _consistent(r: Report) -> None:
+    """What one honest SDK incarnation cannot send: a derived rate from such a report would be negative,
+    infinite or forever "progressing"."""
+    t = r.totals
+    if r.anchor is not None:
+        for name in P.TOTALS:
+            if getattr(r.anchor, name) > getattr(t, name):
+                raise InvalidReport(
+                    f"anchor.{name}: larger than totals.{name}; the anchor is an earlier point"
+                )
+    if r.updated is not None:
+        if r.updated > r.time + _CLOCK_SLACK:
+            raise InvalidReport("updated: later than the report's own time")
+        if r.anchor_time is not None and r.anchor_time > r.updated + _CLOCK_SLACK:
+            raise InvalidReport("anchor.time: later than updated; the anchor is an earlier point")
+    if r.started > r.time + _CLOCK_SLACK:
+        raise InvalidReport("started: later than the report's own time")
+    if r.step_seconds.count > t.steps:
+        raise InvalidReport("step_seconds: more observations than totals.steps")
+    if r.request_seconds is not None and r.request_seconds.count > t.requests:
+        raise InvalidReport("request_seconds: more observations than totals.requests")
+
+
+def _peak(data: Mapping[str, Any]) -> float | None:
+    value = _optional_number(data, "peak_flops", P.MAX_FLOPS, positive=True)
+    if value is not None and value < P.MIN_PEAK_FLOPS:
+        raise InvalidReport(
+            f"peak_flops: {value:g} FLOP/s per GPU is below 1 GFLOP/s; give FLOP/s, not TFLOP/s (989.5e12)"
+        )
+    return value
 
 
 def _int(data: Mapping[str, Any], key: str, lo: int, hi: int) -> int:
@@ -217,7 +254,7 @@ def _totals(value: object, what: str, extra: tuple[str, ...] = ()) -> Totals:
     unknown = sorted(set(obj) - set(P.TOTALS) - set(extra))
     if unknown:
         raise InvalidReport(f"{what}: unknown counter {unknown[0]!r} (known: {', '.join(P.TOTALS)})")
-    steps, tokens, samples, requests = (_number(obj.get(k, 0), f"{what}.{k}", _MAX_COUNT) for k in P.TOTALS)
+    steps, tokens, samples, requests = (_number(obj.get(k, 0), f"{what}.{k}", P.MAX_COUNT) for k in P.TOTALS)
     return Totals(steps, tokens, samples, requests)
 
 
@@ -227,8 +264,8 @@ def _histogram(value: object, what: str) -> Histogram:
     if not isinstance(counts, list) or len(counts) != len(P.BUCKETS) + 1:
         raise InvalidReport(f"{what}.counts: expected a list of {len(P.BUCKETS) + 1} bucket counts")
     return Histogram(
-        tuple(_number(c, f"{what}.counts[{i}]", _MAX_COUNT) for i, c in enumerate(counts)),
-        _number(obj.get("sum"), f"{what}.sum", _MAX_SECONDS * 1e3),
+        tuple(_number(c, f"{what}.counts[{i}]", P.MAX_COUNT) for i, c in enumerate(counts)),
+        _number(obj.get("sum"), f"{what}.sum", P.MAX_SECONDS),
     )
 
 
@@ -240,7 +277,7 @@ def _phases(value: object) -> dict[str, float]:
     for name, seconds in obj.items():
         if not _PHASE.match(name) or name.endswith("\n"):
             raise InvalidReport(f"phases: name {_show(name)} must match {P.PHASE_PATTERN}")
-        out[name] = _number(seconds, f"phases.{name}", _MAX_SECONDS)
+        out[name] = _number(seconds, f"phases.{name}", P.MAX_SECONDS)
     return out
 
 

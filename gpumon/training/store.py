@@ -19,6 +19,11 @@ from gpumon.training.report import Report
 
 MAX_POINTS = 512  # per rank: 60 s of reports at 8/s; more only shortens the effective window
 FINISHED_LINGER = 30.0  # seconds a rank stays after its final report, so a scrape sees its last totals
+# a rank that went (finished, or silent past the TTL) keeps its counter offsets this long, so a process that
+# comes back as the same (job, rank) continues its counters instead of resetting them
+RETAIN_OFFSETS = 3600.0
+# a replaced incarnation still reporting this long after its successor started is a second live process
+CONFLICT_GRACE = 5.0
 
 
 class Point(NamedTuple):
@@ -43,6 +48,10 @@ class LimitExceeded(Exception):
 
 class Stale(Exception):
     """Not an error the client must fix: a report older than what the store already holds."""
+
+
+class Conflict(Exception):
+    """Two live processes report as the same (job, rank): the client must tell them apart."""
 
 
 _ZEROS = (0.0,) * (len(P.BUCKETS) + 1)
@@ -130,23 +139,24 @@ class JobStore:
         self.window = window
         self.expired = 0
         self._ranks: dict[tuple[str, int], Rank] = {}
+        self._gone: dict[tuple[str, int], tuple[float, Rank]] = {}  # (when it went, the rank) for offsets
         self._lock = threading.Lock()
 
     def ingest(self, r: Report, now: float) -> None:
-        """Store one report. Raises Stale (ignored, 'duplicate'), LimitExceeded, or ValueError (invalid)."""
+        """Store one report. Raises Stale (ignored, 'duplicate'), Conflict, LimitExceeded, or ValueError."""
         with self._lock:
             self._expire(now)
-            rank = self._ranks.get((r.job, r.rank))
+            key = (r.job, r.rank)
+            rank = self._ranks.get(key)
             if rank is None:
                 self._admit(r)
-                rank = self._ranks[(r.job, r.rank)] = Rank(report=r, received=now)
+                rank = self._ranks[key] = self._revive(key, r, now)
             elif r.incarnation != rank.report.incarnation:
                 if r.started < rank.report.started:
-                    raise Stale()  # a late report from a process that has since been replaced
-                rank.offsets = rank.offsets.plus(rank.report)
-                rank.restarts += 1
-                rank.points.clear()
-                rank.anchor = None
+                    if r.final or r.time < rank.report.started + CONFLICT_GRACE:
+                        raise Stale()  # a late report from a process that has since been replaced
+                    raise Conflict(_conflict(r, rank.report))
+                _restart(rank)
             elif r.seq <= rank.report.seq:
                 raise Stale()
             else:
@@ -156,9 +166,23 @@ class JobStore:
             rank.anchor = rank.anchor or _anchor(r)
             points = rank.points
             points.append(_point(r))
-            horizon = now - self.window
+            horizon = r.time - self.window  # the report's own clock, like its points
             while len(points) > 2 and points[1].reported < horizon:
                 points.popleft()  # keeps one point before the window, the base for a slow step
+
+    def _revive(self, key: tuple[str, int], r: Report, now: float) -> Rank:
+        """A new rank, or one that went and came back: then its counters continue where they were."""
+        fresh = Rank(report=r, received=now)
+        went = self._gone.pop(key, None)
+        if went is None:
+            return fresh
+        old = went[1]
+        if r.incarnation == old.report.incarnation:  # silent past the TTL, then back: the same process
+            _check_monotonic(old.report, r)
+            fresh.offsets, fresh.restarts = old.offsets, old.restarts
+        elif r.started >= old.report.started:
+            fresh.offsets, fresh.restarts = old.offsets.plus(old.report), old.restarts + 1
+        return fresh
 
     def _admit(self, r: Report) -> None:
         jobs = {job for job, _ in self._ranks}
@@ -186,8 +210,11 @@ class JobStore:
             if now - rank.received > (min(self.ttl, FINISHED_LINGER) if rank.report.final else self.ttl)
         ]
         for key in gone:
-            del self._ranks[key]
+            self._gone[key] = (now, self._ranks.pop(key))
         self.expired += len(gone)
+        if gone or len(self._gone) > 4 * self.max_ranks:
+            keep = sorted(self._gone.items(), key=lambda kv: kv[1][0])[-4 * self.max_ranks :]
+            self._gone = {k: v for k, v in keep if now - v[0] <= RETAIN_OFFSETS}
 
     def views(self, now: float) -> list[RankView]:
         with self._lock:
@@ -208,11 +235,43 @@ class JobStore:
         return len(self._ranks)
 
 
+def _restart(rank: Rank) -> None:
+    rank.offsets = rank.offsets.plus(rank.report)
+    rank.restarts += 1
+    rank.points.clear()
+    rank.anchor = None
+
+
+def _conflict(r: Report, current: Report) -> str:
+    return (
+        f"job {r.job!r} rank {r.rank} is also reported by pid {current.pid}, which started later; two live "
+        f"processes (this one is pid {r.pid}) cannot share one (job, rank): give each its own job name "
+        "(Reporter(job=...) or GPUMON_JOB) or rank"
+    )
+
+
+def _pairs(old: Report, new: Report) -> list[tuple[str, float, float]]:
+    """Every cumulative quantity of a report, old value beside new."""
+    pairs = [(f"totals.{n}", getattr(old.totals, n), getattr(new.totals, n)) for n in P.TOTALS]
+    pairs.append(("step_seconds.sum", old.step_seconds.sum, new.step_seconds.sum))
+    pairs += [
+        (f"step_seconds.counts[{i}]", a, b)
+        for i, (a, b) in enumerate(zip(old.step_seconds.counts, new.step_seconds.counts, strict=True))
+    ]
+    if old.request_seconds is not None:
+        new_req = new.request_seconds
+        pairs.append(("request_seconds.sum", old.request_seconds.sum, new_req.sum if new_req else -1.0))
+        for i, a in enumerate(old.request_seconds.counts):
+            pairs.append((f"request_seconds.counts[{i}]", a, new_req.counts[i] if new_req else -1.0))
+    pairs += [(f"phases.{n}", s, new.phases.get(n, -1.0)) for n, s in old.phases.items()]
+    return pairs
+
+
 def _check_monotonic(old: Report, new: Report) -> None:
-    a, b = old.totals, new.totals
-    for name in P.TOTALS:
-        if getattr(b, name) < getattr(a, name):
+    for name, a, b in _pairs(old, new):
+        if b < a:
+            shown = "missing" if b < 0 else f"{b:g}"
             raise ValueError(
-                f"totals.{name} went backwards within one incarnation ({getattr(a, name):g} -> "
-                f"{getattr(b, name):g}); totals are cumulative, a restarted process needs a new incarnation"
+                f"{name} went backwards within one incarnation ({a:g} -> {shown}); every count and time is "
+                "cumulative, and a restarted process needs a new incarnation"
             )

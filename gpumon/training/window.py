@@ -4,7 +4,12 @@ Rates are measured between two *progress* points — the times of the step() (or
 last changed the totals, as the training process itself timed them — so transport delays and the report
 interval do not bend them. The anchor (the first step of the incarnation) is a point too, so a run shorter
 than the window is measured from its first step to its last, exactly as the training loop would measure
-itself. No step inside the window means a rate of 0: a stuck job must not keep showing its old speed.
+itself.
+
+A rank stops "progressing" once no step has landed for STALL_STEPS mean step times (at least STALL_FLOOR
+seconds); its rates are then 0, so a stuck job does not keep showing its old speed for a whole window.
+Ages are measured on the training process's own clock (the report's ``time`` plus the time since it arrived),
+so a wall-clock step on either side cannot freeze a rank as progressing or idle.
 """
 
 from __future__ import annotations
@@ -13,6 +18,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from gpumon.training.store import Point, RankView
+
+STALL_STEPS = 4.0
+STALL_FLOOR = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,11 +52,15 @@ class Rates:
 
 
 def measure(view: RankView, now: float, window: float) -> Rates:
-    horizon = now - window
+    """``now`` on the daemon's clock; everything else on the rank's."""
+    clock = view.report.time + max(0.0, now - view.received)
+    horizon = clock - window
     progress = [p for p in ((view.anchor,) if view.anchor else ()) + view.points if p.updated is not None]
-    progressing = bool(progress) and max(p.updated for p in progress if p.updated) >= horizon
     span = _span(progress, horizon)
     step_time, ratios = _phases(view.points, horizon)
+    last = max((p.updated or 0.0 for p in progress), default=None)
+    stall_after = max(STALL_FLOOR, STALL_STEPS * (step_time or 0.0))
+    progressing = last is not None and clock - last <= stall_after
     if span is None:
         return Rates(progressing, None, step_time_seconds=step_time, phase_ratios=ratios)
     if not progressing:
