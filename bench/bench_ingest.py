@@ -3,12 +3,14 @@
     python bench/bench_ingest.py [--seconds 10] [--connections 4]
 
 Against a real `gpumon serve --simulate 8xH100-SXM` over loopback:
-  1. /metrics latency (back-to-back scrapes, p50/p99) with 8 ranks reporting at the SDK's normal rate
-     (one report per rank per second): the baseline;
+  1. /metrics latency (back-to-back scrapes, p50/p99) before any rank reports, then with 8 ranks reporting
+     at the SDK's normal rate (one report per rank per second): the baseline;
   2. the same scrapes while a separate load process posts reports at a paced 2,000 reports/s over
      keep-alive connections (8 ranks of one job, increasing seq): the scrape p99 under that load as a
      ratio to the baseline, measured side by side in this run;
-  3. the same with the load process posting as fast as the daemon answers: the most reports per second.
+  3. the same with the load process posting as fast as the daemon answers: the most reports per second,
+     and the daemon's CPU per report (its capacity per core, apart from the load generator that shares
+     this machine's cores).
 The target (issue 4): >= 2,000 reports/s with /metrics p99 unchanged.
 """
 
@@ -24,6 +26,8 @@ import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
+import psutil
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
@@ -33,9 +37,20 @@ from reports import report
 RANKS = 8
 
 
+STARTED = time.time() - 1e6  # every report of a rank is one incarnation, started long enough ago that even
+# the flood's step counts (1 ms each) end before now
+
+
 def body(rank: int, seq: int) -> bytes:
-    started = time.time() - 3600
-    r = report(seq + 2, started=started, rank=rank, world_size=RANKS, devices=[str(rank)], t=time.time())
+    r = report(
+        seq + 2,
+        started=STARTED,
+        step_seconds=0.001,
+        rank=rank,
+        world_size=RANKS,
+        devices=[str(rank)],
+        t=time.time(),
+    )
     r["seq"] = seq
     r["phases"] = {"data_wait": 0.01 * seq, "communication": 0.02 * seq}
     return json.dumps(r).encode()
@@ -105,6 +120,9 @@ def main() -> None:
     d = Daemon("--simulate", "8xH100-SXM", "--max-ranks", "64")
     try:
         url = str(d.client.base_url)
+        daemon = psutil.Process(d.proc.pid)
+        time.sleep(1.0)
+        no_ranks = scrapes(d, args.seconds)  # the same daemon before any rank reports: the cost of 8 ranks
         normal: list[int] = []
         reporters = [
             threading.Thread(target=post_loop, args=(url, r, 3 * args.seconds + 5, 0, 1.0, normal))
@@ -121,23 +139,30 @@ def main() -> None:
                 target=flood, args=(url, args.seconds, args.connections, seq0, queue, rate)
             )
             seq0 += 100_000_000
+            cpu0 = sum(daemon.cpu_times()[:2])
             t0 = time.monotonic()
             loader.start()
             loaded = scrapes(d, args.seconds)
             accepted = queue.get(timeout=args.seconds + 30)
             elapsed = time.monotonic() - t0
             loader.join()
+            cpu = sum(daemon.cpu_times()[:2]) - cpu0
             results[name] = {
                 "offered_reports_per_second": rate or "as fast as answered",
                 "reports_accepted": accepted,
                 "reports_per_second": accepted / min(elapsed, args.seconds),
                 "metrics_under_load": percentiles(loaded),
                 "p99_ratio_vs_baseline": percentiles(loaded)["p99_ms"] / percentiles(baseline)["p99_ms"],
+                # the daemon's CPU per accepted report (scrapes and sampling included): what one core of
+                # the daemon could take if the load generator did not share this machine's cores
+                "daemon_cpu_us_per_report": 1e6 * cpu / max(1, accepted),
+                "reports_per_daemon_core_second": accepted / cpu if cpu else None,
                 "scrapes": len(loaded),
             }
         for t in reporters:
             t.join()
         jobs = d.client.get("/v1/jobs").json()["jobs"]
+        results["metrics_no_ranks"] = percentiles(no_ranks)
         results["metrics_baseline"] = percentiles(baseline)
         results["scrapes_baseline"] = len(baseline)
         results["connections"] = args.connections

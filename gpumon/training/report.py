@@ -263,8 +263,12 @@ def _histogram(value: object, what: str) -> Histogram:
     counts = obj.get("counts")
     if not isinstance(counts, list) or len(counts) != len(P.BUCKETS) + 1:
         raise InvalidReport(f"{what}.counts: expected a list of {len(P.BUCKETS) + 1} bucket counts")
+    if all(c.__class__ is int and 0 <= c <= P.MAX_COUNT for c in counts):  # what the SDK sends
+        checked = tuple(counts)
+    else:  # the slow way, for the message that names the bad bucket
+        checked = tuple(_number(c, f"{what}.counts[{i}]", P.MAX_COUNT) for i, c in enumerate(counts))
     return Histogram(
-        tuple(_number(c, f"{what}.counts[{i}]", P.MAX_COUNT) for i, c in enumerate(counts)),
+        checked,
         _number(obj.get("sum"), f"{what}.sum", P.MAX_SECONDS),
     )
 
