@@ -228,3 +228,17 @@ def test_two_processes_reporting_as_one_rank_get_409_naming_both(node) -> None:
     assert node.client.get(P.PATH).status_code == 405
     outcomes = samples(node.get("/metrics").text, "gpumon_ingest_reports_total")
     assert outcomes[(("outcome", "conflict"),)] == 1 and outcomes[(("outcome", "invalid"),)] == 1
+
+
+def test_gpumon_estimate_compares_with_what_a_running_job_uses(node) -> None:
+    from helpers import run_gpumon
+
+    assert post(node, now_report(10)).status_code == 204
+    out = run_gpumon("estimate", "--model", "llama3-8b", "--batch", "1", "--job", "llm", "--url", node.url)
+    assert out.returncode == 0, out.stderr
+    assert "job llm" in out.stdout and "USED/ESTIMATED" in out.stdout, out.stdout
+    as_json = run_gpumon(
+        "estimate", "--model", "llama3-8b", "--batch", "1", "--job", "llm", "--url", node.url, "--json"
+    )
+    doc = json.loads(as_json.stdout)
+    assert doc["job"]["ranks"][0]["actual_bytes"] > 0, doc["job"]
