@@ -12,7 +12,7 @@ import logging
 import math
 import re
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -187,17 +187,11 @@ class Analysis:
         return Signals(
             progressing=rates.progressing,
             gpu_down=(f"GPU {down[0].index}: {down[0].down_reason or 'not answering'}" if down else None),
-            utilization=_mean([g.utilization for g in w]),
             data_wait_share=rates.phase_ratios.get("data_wait"),
             communication_share=rates.phase_ratios.get("communication"),
             nvlink_utilization=_max(list(nvlink)),
-            pcie_utilization=_max([g.pcie_utilization for g in w]),
-            sm_active=_mean([g.sm_active for g in w]),
-            tensor_active=_mean([g.tensor_active for g in w]),
-            dram_active=_mean([g.dram_active for g in w]),
-            throttled_share=_max([g.throttled_share for g in w]),
-            memory_used_ratio=_max([g.memory_used_ratio for g in w]),
             mfu=mfu,
+            **_gpu_signals(w),
         )
 
     def _job(self, job: str, ranks: list[RankResult]) -> JobResult:
@@ -215,21 +209,27 @@ class Analysis:
         signals = Signals(
             progressing=any(progressing) if progressing else None,
             gpu_down=next((s.gpu_down for s in sig if s.gpu_down), None),
-            utilization=_mean([s.utilization for s in sig]),
             data_wait_share=_mean([s.data_wait_share for s in sig]),
             communication_share=_mean([s.communication_share for s in sig]),
             nvlink_utilization=_max([s.nvlink_utilization for s in sig]),
-            pcie_utilization=_max([s.pcie_utilization for s in sig]),
-            sm_active=_mean([s.sm_active for s in sig]),
-            tensor_active=_mean([s.tensor_active for s in sig]),
-            dram_active=_mean([s.dram_active for s in sig]),
-            throttled_share=_max([s.throttled_share for s in sig]),
-            memory_used_ratio=_max([s.memory_used_ratio for s in sig]),
             mfu=mfu,
+            **_gpu_signals(sig),
         )
         return JobResult(
             job, tuple(ranks), sum(known) if known else None, mfu, signals, diagnose(signals, self.thresholds)
         )
+
+
+# GPU signals, by how several GPUs (or several ranks) combine: activity averages, pressure is the worst
+_MEANS = ("utilization", "sm_active", "tensor_active", "dram_active")
+_MAXES = ("pcie_utilization", "throttled_share", "memory_used_ratio")
+
+
+def _gpu_signals(items: Sequence[object]) -> dict[str, float | None]:
+    """The GPU half of Signals from GpuWindows (a rank's GPUs) or from Signals (a job's ranks)."""
+    out = {name: _mean([getattr(x, name) for x in items]) for name in _MEANS}
+    out.update({name: _max([getattr(x, name) for x in items]) for name in _MAXES})
+    return out
 
 
 def _finite(x: float) -> float | None:
