@@ -109,3 +109,9 @@ def test_every_threshold_is_documented_with_its_default() -> None:
     doc = (Path(__file__).parent.parent / "docs" / "training.md").read_text()
     for f in dataclasses.fields(Thresholds):
         assert f"| `{f.name}` | {f.default:.2f} |" in doc, f"docs/training.md lacks threshold {f.name}"
+
+
+def test_an_mfu_above_one_is_flagged_as_a_reporting_mistake() -> None:
+    v = diagnose(Signals(progressing=True, mfu=1.4, **BUSY), T)
+    assert v.bottleneck == "compute" and "mfu_above_peak" in v.findings
+    assert "mfu_above_peak" not in diagnose(Signals(progressing=True, mfu=0.4, **BUSY), T).findings

@@ -225,6 +225,8 @@ def diagnose(s: Signals, t: Thresholds) -> Verdict:
     findings = tuple(name for name, ok, _ in conditions if ok and name != verdict)
     if bool(ev["memory"].met) and "memory_capacity" not in findings and verdict != "memory_capacity":
         findings += ("memory_capacity",)
+    if s.mfu is not None and s.mfu > 1.0:  # not a bottleneck: the reported FLOPs per token or dtype is wrong
+        findings += ("mfu_above_peak",)
     evidence = tuple(dict.fromkeys(ev[k] for k in (*used, *ev)))
     return Verdict(verdict, _summary(verdict, s), ADVICE[verdict], evidence, findings)
 
