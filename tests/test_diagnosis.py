@@ -21,6 +21,7 @@ BUSY = {"utilization": 0.98, "sm_active": 0.9, "tensor_active": 0.6, "dram_activ
 @pytest.mark.parametrize(
     ("signals", "verdict"),
     [
+        (Signals(progressing=True, gpu_down="GPU 3: GpuIsLost", **BUSY), "gpu_down"),
         (Signals(progressing=False, utilization=0.0), "idle"),
         (Signals(progressing=None), "idle"),
         (Signals(progressing=False, utilization=1.0), "stalled"),

@@ -242,3 +242,10 @@ def test_gpumon_estimate_compares_with_what_a_running_job_uses(node) -> None:
     )
     doc = json.loads(as_json.stdout)
     assert doc["job"]["ranks"][0]["actual_bytes"] > 0, doc["job"]
+
+
+def test_training_series_can_be_selected_by_name(node) -> None:
+    assert post(node, now_report(10)).status_code == 204
+    r = node.get("/metrics", params={"name[]": ["gpumon_training_tokens_total", "gpumon_gpu_up"]})
+    names = {f.name for f in text_string_to_metric_families(r.text)}
+    assert names == {"gpumon_training_tokens", "gpumon_gpu_up"}

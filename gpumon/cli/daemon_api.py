@@ -17,6 +17,10 @@ class DaemonError(Exception):
     """The daemon could not be reached, does not know what was asked, or answered something unreadable."""
 
 
+class NotFound(DaemonError):
+    """The daemon answered 404: it does not know what was asked (a job that never reported, or went)."""
+
+
 def default_url() -> str:
     """The SDK's own setting, so the CLI looks where the training processes report."""
     url = os.environ.get("GPUMON_URL", DEFAULT_URL)
@@ -38,8 +42,8 @@ def get_json(base: str, path: str, *, timeout: float = 5.0, missing: str | None 
         with urllib.request.urlopen(request, timeout=timeout) as response:
             body = response.read()
     except urllib.error.HTTPError as exc:
-        if exc.code == 404 and missing:
-            raise DaemonError(missing) from None
+        if exc.code == 404:
+            raise NotFound(missing or f"the daemon at {base} knows no {path}") from None
         raise DaemonError(f"the daemon answered {url} with HTTP {exc.code} {exc.reason}") from None
     except (urllib.error.URLError, OSError) as exc:
         reason = getattr(exc, "reason", exc)

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import textwrap
 from typing import Any
 
-from gpumon.cli.daemon_api import DaemonError, default_url, get_json, job_path
+from gpumon.cli.daemon_api import NotFound, default_url, get_json, job_path
 from gpumon.config import Settings
 
 USES_GPUS = False  # it reads the daemon's API; no GPU options
@@ -28,11 +29,8 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
         listing = get_json(url, "/v1/jobs")
         jobs = []
         for j in listing.get("jobs", []):
-            try:
-                jobs.append(get_json(url, job_path(j["job"]), missing="gone"))
-            except DaemonError as exc:
-                if str(exc) != "gone":  # a job that finished between the listing and this request
-                    raise
+            with contextlib.suppress(NotFound):  # a job that went between the listing and this request
+                jobs.append(get_json(url, job_path(j["job"])))
     if args.json:
         print(json.dumps(jobs, indent=2))
         return 0

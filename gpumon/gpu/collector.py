@@ -201,7 +201,7 @@ def _add_events(f: dict[str, Family], ev: EventsView, index: dict[str, str]) -> 
 
 
 def build_families(snap: Snapshot, *, owner_labels: bool = False) -> list[Metric]:
-    f: dict[str, Family] = {m.name: _family(m) for m in M.REGISTRY}
+    f: dict[str, Family] = {m.name: _family(m) for m in M.GPU_FLOW}
     f[M.BUILD_INFO.name].add_metric([__version__, platform.python_version(), snap.backend], 1)
     d = snap.driver
     f[M.DRIVER_INFO.name].add_metric([d.driver_version, d.cuda_driver_version, d.nvml_version], 1)
@@ -271,7 +271,7 @@ class SnapshotCollector(PerSnapshotCollector):
 
     def describe(self) -> list[Metric]:
         """Every family this collector can yield: lets ``name[]`` filtering and duplicate checks work."""
-        return [_family(m) for m in M.REGISTRY]
+        return [_family(m) for m in M.GPU_FLOW]
 
     def build(self, snap: Snapshot, previous: Snapshot | None) -> list[Metric]:
         return build_families(snap, owner_labels=self.owner_labels)

@@ -23,6 +23,19 @@ from gpumon.metrics.docs import PROCESS_METRICS, render_markdown
 # isort: on
 
 GPU_SCALARS = tuple(m for m in REGISTRY if m.field is not None)
+# the two flows' halves of the registry: each collector describes and builds only its own
+TRAINING_FLOW = tuple(m for m in REGISTRY if m.name.startswith(("gpumon_training_", "gpumon_ingest_")))
+GPU_FLOW = tuple(m for m in REGISTRY if m not in TRAINING_FLOW)
 BY_NAME = {m.name: m for m in REGISTRY}
 
-__all__ = ["BY_NAME", "GPU", "GPU_SCALARS", "PROCESS_METRICS", "REGISTRY", "Metric", "render_markdown"]
+__all__ = [
+    "BY_NAME",
+    "GPU",
+    "GPU_FLOW",
+    "GPU_SCALARS",
+    "PROCESS_METRICS",
+    "REGISTRY",
+    "TRAINING_FLOW",
+    "Metric",
+    "render_markdown",
+]

@@ -8,6 +8,7 @@ with a warning, rather than borrowing another GPU's figure.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import re
@@ -19,7 +20,7 @@ from typing import Any
 from gpumon.gpu.snapshot import Snapshot
 from gpumon.training import peaks
 from gpumon.training.diagnosis import Signals, Thresholds, Verdict, diagnose, straggler_scores
-from gpumon.training.gpus import Found, GpuHistory, GpuWindow, resolve
+from gpumon.training.gpus import Found, GpuHistory, GpuWindow, mean, resolve
 from gpumon.training.store import JobStore, RankView
 from gpumon.training.window import Rates, measure
 
@@ -66,11 +67,6 @@ class JobResult:
     verdict: Verdict
 
 
-def _mean(values: list[float | None]) -> float | None:
-    known = [v for v in values if v is not None]
-    return sum(known) / len(known) if known else None
-
-
 def _max(values: list[float | None]) -> float | None:
     return max((v for v in values if v is not None), default=None)
 
@@ -101,7 +97,8 @@ class Analysis:
         """Feed the GPU history with the latest snapshot (cheap when it has not changed)."""
         self.history.observe(self.source(), self.window)
 
-    def jobs(self, now: float | None = None) -> list[JobResult]:
+    def jobs(self, now: float | None = None, only: str | None = None) -> list[JobResult]:
+        """Every job on this node, or just ``only`` (its GPUs' sharers still count every job's ranks)."""
         now = self.clock() if now is None else now
         snap = self.source()
         self.history.observe(snap, self.window)
@@ -113,13 +110,17 @@ class Analysis:
         for founds in resolved.values():
             for f in founds:
                 sharers[f.key] = sharers.get(f.key, 0) + 1
+        windows: dict[str, GpuWindow] = {}  # one per GPU (or MIG device), however many ranks share it
         by_job: dict[str, list[RankResult]] = {}
         for v in views:
-            uses = tuple(
-                GpuUse(self.history.window(f.status, now, self.window, f.mig), f.via, sharers[f.key])
-                for f in resolved[(v.report.job, v.report.rank)]
-            )
-            by_job.setdefault(v.report.job, []).append(self._rank(v, uses, now))
+            if only is not None and v.report.job != only:
+                continue
+            uses = []
+            for f in resolved[(v.report.job, v.report.rank)]:
+                if f.key not in windows:
+                    windows[f.key] = self.history.window(f.status, now, self.window, f.mig)
+                uses.append(GpuUse(windows[f.key], f.via, sharers[f.key]))
+            by_job.setdefault(v.report.job, []).append(self._rank(v, tuple(uses), now))
         return [self._job(job, ranks) for job, ranks in sorted(by_job.items())]
 
     def _rank(self, v: RankView, uses: tuple[GpuUse, ...], now: float) -> RankResult:
@@ -196,7 +197,7 @@ class Analysis:
 
     def _job(self, job: str, ranks: list[RankResult]) -> JobResult:
         scores = straggler_scores(_costs(ranks))
-        ranks = [_with_straggler(r, s) for r, s in zip(ranks, scores, strict=True)]
+        ranks = [dataclasses.replace(r, straggler=s) for r, s in zip(ranks, scores, strict=True)]
         rates = [r.rates.tokens_per_second for r in ranks]
         known = [x for x in rates if x is not None]
         flops = [r.flops for r in ranks]
@@ -209,8 +210,8 @@ class Analysis:
         signals = Signals(
             progressing=any(progressing) if progressing else None,
             gpu_down=next((s.gpu_down for s in sig if s.gpu_down), None),
-            data_wait_share=_mean([s.data_wait_share for s in sig]),
-            communication_share=_mean([s.communication_share for s in sig]),
+            data_wait_share=mean([s.data_wait_share for s in sig]),
+            communication_share=mean([s.communication_share for s in sig]),
             nvlink_utilization=_max([s.nvlink_utilization for s in sig]),
             mfu=mfu,
             **_gpu_signals(sig),
@@ -227,7 +228,7 @@ _MAXES = ("pcie_utilization", "throttled_share", "memory_used_ratio")
 
 def _gpu_signals(items: Sequence[object]) -> dict[str, float | None]:
     """The GPU half of Signals from GpuWindows (a rank's GPUs) or from Signals (a job's ranks)."""
-    out = {name: _mean([getattr(x, name) for x in items]) for name in _MEANS}
+    out = {name: mean([getattr(x, name) for x in items]) for name in _MEANS}
     out.update({name: _max([getattr(x, name) for x in items]) for name in _MAXES})
     return out
 
@@ -263,12 +264,6 @@ def _costs(ranks: list[RankResult]) -> list[float | None]:
     return out
 
 
-def _with_straggler(r: RankResult, score: float | None) -> RankResult:
-    return RankResult(
-        r.view, r.rates, r.gpus, r.peak, r.flops, r.mfu, r.tokens_per_joule, r.signals, r.verdict, score
-    )
-
-
 def job_json(j: JobResult, window: float) -> dict[str, Any]:
     """GET /v1/jobs/{job}: everything the daemon knows and concludes, with the evidence."""
     return {
@@ -284,7 +279,6 @@ def job_json(j: JobResult, window: float) -> dict[str, Any]:
 
 def _rank_json(r: RankResult) -> dict[str, Any]:
     rep = r.view.report
-    off = r.view.offsets
     rt = r.rates
     span = rt.span
     return {
@@ -299,13 +293,8 @@ def _rank_json(r: RankResult) -> dict[str, Any]:
         "final": rep.final,
         "last_report": rep.time,
         "last_progress": rep.updated,
-        "totals": {
-            "steps": off.steps + rep.totals.steps,
-            "tokens": off.tokens + rep.totals.tokens,
-            "samples": off.samples + rep.totals.samples,
-            "requests": off.requests + rep.totals.requests,
-        },
-        "phases_seconds": {k: off.phases.get(k, 0.0) + v for k, v in rep.phases.items()},
+        "totals": r.view.totals(),
+        "phases_seconds": r.view.phases(),
         "rates": {
             "progressing": rt.progressing,
             "tokens_per_second": rt.tokens_per_second,

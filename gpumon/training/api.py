@@ -166,9 +166,9 @@ def router(analysis: Analysis) -> APIRouter:
         "/v1/jobs/{job:path}", summary="One job: every rank's figures, its GPUs, the diagnosis and evidence"
     )
     def job(job: str) -> Response:
-        for j in analysis.jobs():
-            if j.job == job:
-                return JSONResponse(job_json(j, analysis.window))
+        found = analysis.jobs(only=job)
+        if found:
+            return JSONResponse(job_json(found[0], analysis.window))
         return JSONResponse(
             {"detail": f"no job {job!r} reports to this node (GET /v1/jobs lists those that do)"},
             status_code=404,

@@ -30,7 +30,7 @@ OUTCOMES = (
     "rank_limit",
     "conflict",
 )
-_TRAINING = [m for m in M.REGISTRY if m.name.startswith("gpumon_training_")]
+_PER_SCRAPE = [m for m in M.TRAINING_FLOW if m not in (M.INGEST_REPORTS, M.INGEST_EXPIRED)]
 _LE = [*(floatToGoString(b) for b in P.BUCKETS), "+Inf"]  # "1.0", as prometheus_client writes it
 
 
@@ -49,7 +49,7 @@ class IngestStats:
 Family = GaugeMetricFamily | CounterMetricFamily | HistogramMetricFamily
 
 
-def _family(m: M.Metric) -> Family:
+def _family(m: M.Metric) -> Any:
     if m.type == "histogram":
         return HistogramMetricFamily(m.name, m.help, labels=m.labels)
     cls = CounterMetricFamily if m.type == "counter" else GaugeMetricFamily
@@ -70,18 +70,20 @@ class TrainingCollector:
         self.analysis = analysis
         self.stats = stats
 
+    def describe(self) -> list[Metric]:
+        """Every family this collector can yield, so ``/metrics?name[]=`` can select training series."""
+        return [_family(m) for m in M.TRAINING_FLOW]
+
     def collect(self) -> Iterator[Metric]:
-        f: dict[str, Any] = {m.name: _family(m) for m in _TRAINING}
+        f: dict[str, Any] = {m.name: _family(m) for m in _PER_SCRAPE}
         for job in self.analysis.jobs():
             _add_job(f, job)
         yield from (fam for fam in f.values() if fam.samples)
-        reports = CounterMetricFamily(
-            M.INGEST_REPORTS.name, M.INGEST_REPORTS.help, labels=M.INGEST_REPORTS.labels
-        )
+        reports = _family(M.INGEST_REPORTS)
         for outcome, n in self.stats.counts.items():
             reports.add_metric([outcome], n)
         yield reports
-        expired = CounterMetricFamily(M.INGEST_EXPIRED.name, M.INGEST_EXPIRED.help, labels=())
+        expired = _family(M.INGEST_EXPIRED)
         expired.add_metric([], self.analysis.store.expired)
         yield expired
 
@@ -124,12 +126,12 @@ def _add_rank(f: dict[str, Any], r: RankResult) -> None:
     f[M.LAST_REPORT.name].add_metric(rl, rep.time)
     _opt(f, M.LAST_PROGRESS, rl, rep.updated)
     f[M.RESTARTS.name].add_metric(rl, r.view.restarts)
-    t = rep.totals
-    f[M.STEPS.name].add_metric(rl, off.steps + t.steps)
-    f[M.TOKENS.name].add_metric(rl, off.tokens + t.tokens)
-    f[M.SAMPLES_TOTAL.name].add_metric(rl, off.samples + t.samples)
-    if rep.kind == "inference" or off.requests + t.requests:
-        f[M.REQUESTS.name].add_metric(rl, off.requests + t.requests)
+    totals = r.view.totals()
+    f[M.STEPS.name].add_metric(rl, totals["steps"])
+    f[M.TOKENS.name].add_metric(rl, totals["tokens"])
+    f[M.SAMPLES_TOTAL.name].add_metric(rl, totals["samples"])
+    if rep.kind == "inference" or totals["requests"]:
+        f[M.REQUESTS.name].add_metric(rl, totals["requests"])
     h = rep.step_seconds
     f[M.STEP_DURATION.name].add_metric(rl, _buckets(off.step_counts, h.counts), off.step_sum + h.sum)
     if rep.request_seconds is not None:
@@ -137,8 +139,7 @@ def _add_rank(f: dict[str, Any], r: RankResult) -> None:
         f[M.REQUEST_DURATION.name].add_metric(
             rl, _buckets(off.request_counts, q.counts), off.request_sum + q.sum
         )
-    for phase in sorted(set(rep.phases) | set(off.phases)):
-        seconds = rep.phases.get(phase, 0.0) + off.phases.get(phase, 0.0)
+    for phase, seconds in r.view.phases().items():
         f[M.PHASE_SECONDS.name].add_metric([*rl, phase], seconds)
     rt = r.rates
     _opt(f, M.TOKENS_RATE, rl, rt.tokens_per_second)

@@ -10,7 +10,7 @@ Missing signals (no phases reported, no profiling counters) are said to be missi
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -231,24 +231,40 @@ def diagnose(s: Signals, t: Thresholds) -> Verdict:
     return Verdict(verdict, _summary(verdict, s), ADVICE[verdict], evidence, findings)
 
 
+# one line per verdict, formatted only for the verdict reached (every rank, every scrape)
+_SUMMARIES: dict[str, Callable[[Signals], str]] = {
+    "gpu_down": lambda s: f"a GPU is down ({s.gpu_down})",
+    "idle": lambda s: f"no recent step and the GPU is idle (utilisation {_pct(s.utilization)})",
+    "stalled": lambda s: f"no recent step while the GPU is busy (utilisation {_pct(s.utilization)})",
+    "input": lambda s: (
+        f"input-bound: {_pct(s.data_wait_share)} of wall time waiting for data, GPU "
+        f"utilisation {_pct(s.utilization)}"
+    ),
+    "communication": lambda s: (
+        f"communication-bound: {_pct(s.communication_share)} of wall time in "
+        f"communication, link use {_pct(_link(s))}"
+    ),
+    "throttled": lambda s: (
+        f"throttled: power/thermal clock limits active in {_pct(s.throttled_share)} of samples"
+    ),
+    "memory_capacity": lambda s: f"memory capacity: {_pct(s.memory_used_ratio)} of HBM in use",
+    "memory_bandwidth": lambda s: (
+        f"memory-bandwidth-bound: DRAM active {_pct(s.dram_active)}, tensor cores {_pct(s.tensor_active)}"
+    ),
+    "compute": lambda s: (
+        f"compute-bound: tensor cores {_pct(s.tensor_active)}, SMs {_pct(s.sm_active)}, "
+        f"utilisation {_pct(s.utilization)}, MFU {_pct(s.mfu)}"
+    ),
+    "undetermined": lambda s: (
+        "no bottleneck signal crosses its threshold (utilisation "
+        f"{_pct(s.utilization)}, data wait {_pct(s.data_wait_share)}, communication "
+        f"{_pct(s.communication_share)})"
+    ),
+}
+
+
 def _summary(verdict: str, s: Signals) -> str:
-    util, dw, comm = _pct(s.utilization), _pct(s.data_wait_share), _pct(s.communication_share)
-    return {
-        "gpu_down": f"a GPU is down ({s.gpu_down})",
-        "idle": f"no recent step and the GPU is idle (utilisation {util})",
-        "stalled": f"no recent step while the GPU is busy (utilisation {util})",
-        "input": f"input-bound: {dw} of wall time waiting for data, GPU utilisation {util}",
-        "communication": f"communication-bound: {comm} of wall time in communication, link use "
-        f"{_pct(_link(s))}",
-        "throttled": f"throttled: power/thermal clock limits active in {_pct(s.throttled_share)} of samples",
-        "memory_capacity": f"memory capacity: {_pct(s.memory_used_ratio)} of HBM in use",
-        "memory_bandwidth": f"memory-bandwidth-bound: DRAM active {_pct(s.dram_active)}, tensor cores "
-        f"{_pct(s.tensor_active)}",
-        "compute": f"compute-bound: tensor cores {_pct(s.tensor_active)}, SMs {_pct(s.sm_active)}, "
-        f"utilisation {util}, MFU {_pct(s.mfu)}",
-        "undetermined": f"no bottleneck signal crosses its threshold (utilisation {util}, data wait {dw}, "
-        f"communication {comm})",
-    }[verdict]
+    return _SUMMARIES[verdict](s)
 
 
 def straggler_scores(costs: Sequence[float | None]) -> list[float | None]:

@@ -14,10 +14,14 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from gpumon.gpu.snapshot import GpuStatus, Snapshot
-from gpumon.gpu.types import GpuReading, MigReading
+from gpumon.gpu.types import THROTTLE_REASONS, GpuReading, MigReading
 
 # clock-event reasons that cost throughput: power caps, thermal limits and hardware slowdowns
-THROTTLING = 0x004 | 0x008 | 0x020 | 0x040 | 0x080
+THROTTLING = sum(
+    bit
+    for bit, name, _ in THROTTLE_REASONS
+    if name in ("sw_power_cap", "hw_slowdown", "sw_thermal", "hw_thermal", "hw_power_brake")
+)
 # per lane and direction, bytes/s after encoding overhead (gen 1-2: 8b/10b; 3+: 128b/130b; 6: PAM4/FLIT)
 PCIE_LANE = {1: 0.25e9, 2: 0.5e9, 3: 0.985e9, 4: 1.969e9, 5: 3.938e9, 6: 7.563e9}
 MAX_HISTORY = 1024
@@ -62,7 +66,6 @@ class GpuWindow:
     nvlink_bytes_per_second: float | None
     pcie_utilization: float | None
     throttled_share: float | None
-    throttle_reasons: int | None
 
 
 def _point(t: float, r: GpuReading) -> GpuPoint:
@@ -126,7 +129,7 @@ def _mig_point(t: float, r: GpuReading, m: MigReading) -> GpuPoint:
     )
 
 
-def _mean(values: Sequence[float | None]) -> float | None:
+def mean(values: Sequence[float | None]) -> float | None:
     known = [v for v in values if v is not None]
     return sum(known) / len(known) if known else None
 
@@ -182,7 +185,7 @@ class GpuHistory:
         if mig is not None:
             used_bytes, total_bytes = mig.memory_used_bytes, mig.memory_total_bytes
         energy_rate = _counter_rate(points, "energy")
-        nvl = _mean([p.nvlink_rate for p in points])
+        nvl = mean([p.nvlink_rate for p in points])
         if nvl is None:
             nvl = _counter_rate(points, "nvlink_bytes")
         pcie = [p.pcie_rate / p.pcie_capacity for p in points if p.pcie_rate is not None and p.pcie_capacity]
@@ -196,21 +199,20 @@ class GpuHistory:
             mig_uuid=None if mig is None else mig.uuid,
             mig_profile=None if mig is None else mig.profile,
             points=len(points),
-            utilization=_mean([p.utilization for p in points]),
-            sm_active=_mean([p.sm_active for p in points]),
-            tensor_active=_mean([p.tensor_active for p in points]),
-            dram_active=_mean([p.dram_active for p in points]),
+            utilization=mean([p.utilization for p in points]),
+            sm_active=mean([p.sm_active for p in points]),
+            tensor_active=mean([p.tensor_active for p in points]),
+            dram_active=mean([p.dram_active for p in points]),
             # the window's peak: pressure that came and went within it still mattered
             memory_used_ratio=max(
                 (p.memory_used_ratio for p in points if p.memory_used_ratio is not None), default=None
             ),
             memory_used_bytes=used_bytes,
             memory_total_bytes=total_bytes,
-            power_watts=energy_rate if energy_rate is not None else _mean([p.power for p in points]),
+            power_watts=energy_rate if energy_rate is not None else mean([p.power for p in points]),
             nvlink_bytes_per_second=nvl,
             pcie_utilization=sum(pcie) / len(pcie) if pcie else None,
             throttled_share=sum(throttled) / len(throttled) if throttled else None,
-            throttle_reasons=None if r is None else r.throttle_reasons,
         )
 
 

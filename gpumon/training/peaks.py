@@ -19,7 +19,9 @@ import math
 import re
 from dataclasses import dataclass
 
-DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8")  # = gpumon.client.protocol.DTYPES
+from gpumon.client import protocol as P
+
+DTYPES = P.DTYPES
 
 T = 1e12  # the table is in TFLOP/s and TB/s
 G = 1e9

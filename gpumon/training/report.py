@@ -224,7 +224,7 @@ def _name(data: Mapping[str, Any], key: str) -> str:
 
 def _match(data: Mapping[str, Any], key: str, pattern: re.Pattern[str], rule: str) -> str:
     value = data.get(key)
-    if not isinstance(value, str) or not pattern.match(value) or value.endswith("\n"):
+    if not isinstance(value, str) or not pattern.fullmatch(value):
         raise InvalidReport(f"{key}: expected {rule}, got {_show(value)}")
     return value
 
@@ -279,7 +279,7 @@ def _phases(value: object) -> dict[str, float]:
         raise InvalidReport(f"phases: at most {P.MAX_PHASES} phases, got {len(obj)}")
     out = {}
     for name, seconds in obj.items():
-        if not _PHASE.match(name) or name.endswith("\n"):
+        if not _PHASE.fullmatch(name):
             raise InvalidReport(f"phases: name {_show(name)} must match {P.PHASE_PATTERN}")
         out[name] = _number(seconds, f"phases.{name}", P.MAX_SECONDS)
     return out
@@ -291,7 +291,7 @@ def _devices(value: object) -> tuple[str, ...]:
     if not isinstance(value, list) or len(value) > P.MAX_DEVICES:
         raise InvalidReport(f"devices: expected a list of at most {P.MAX_DEVICES} GPU UUIDs or indexes")
     for d in value:
-        if not isinstance(d, str) or not _DEVICE.match(d) or d.endswith("\n"):
+        if not isinstance(d, str) or not _DEVICE.fullmatch(d):
             raise InvalidReport(f"devices: {_show(d)} is neither a GPU-/MIG- UUID nor an NVML index")
     return tuple(dict.fromkeys(value))
 

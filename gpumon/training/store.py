@@ -117,6 +117,15 @@ class RankView:
     points: tuple[Point, ...]
     anchor: Point | None
 
+    def totals(self) -> dict[str, float]:
+        """The exported counters: earlier incarnations' offsets plus this one's totals."""
+        return {name: getattr(self.offsets, name) + getattr(self.report.totals, name) for name in P.TOTALS}
+
+    def phases(self) -> dict[str, float]:
+        """Exported phase seconds, including phases only an earlier incarnation reported."""
+        mine, before = self.report.phases, self.offsets.phases
+        return {name: mine.get(name, 0.0) + before.get(name, 0.0) for name in sorted({*mine, *before})}
+
 
 def _point(r: Report) -> Point:
     t = r.totals
@@ -140,15 +149,18 @@ class JobStore:
         self.expired = 0
         self._ranks: dict[tuple[str, int], Rank] = {}
         self._gone: dict[tuple[str, int], tuple[float, Rank]] = {}  # (when it went, the rank) for offsets
+        self._expired_at = float("-inf")
         self._lock = threading.Lock()
 
     def ingest(self, r: Report, now: float) -> None:
         """Store one report. Raises Stale (ignored, 'duplicate'), Conflict, LimitExceeded, or ValueError."""
         with self._lock:
-            self._expire(now)
+            if now - self._expired_at >= 1.0:  # a scan of every rank: not per report under a flood
+                self._expire(now)
             key = (r.job, r.rank)
             rank = self._ranks.get(key)
             if rank is None:
+                self._expire(now)  # new ranks are rare, and the limits must count only live ones
                 self._admit(r)
                 rank = self._ranks[key] = self._revive(key, r, now)
             elif r.incarnation != rank.report.incarnation:
@@ -199,11 +211,8 @@ class JobStore:
                 f"rank {r.rank} of job {r.job!r} refused until one stops reporting",
             )
 
-    def expire(self, now: float) -> None:
-        with self._lock:
-            self._expire(now)
-
     def _expire(self, now: float) -> None:
+        self._expired_at = now
         gone = [
             key
             for key, rank in self._ranks.items()
@@ -230,9 +239,6 @@ class JobStore:
                 )
                 for rank in sorted(self._ranks.values(), key=lambda x: x.key)
             ]
-
-    def __len__(self) -> int:
-        return len(self._ranks)
 
 
 def _restart(rank: Rank) -> None:
