@@ -43,7 +43,7 @@ def test_totals_going_backwards_within_an_incarnation_are_refused() -> None:
 
 def test_a_restarted_process_continues_the_exported_counters() -> None:
     s = store()
-    s.ingest(parse(report(50, phases={"data_wait": 2.0})), T0 + 10)
+    s.ingest(parse(report(50, phases={"data_wait": 2.0, "checkpoint": 4.0})), T0 + 10)
     restarted = report(3, started=T0 + 20, incarnation="ffff0001", phases={"data_wait": 0.5})
     s.ingest(parse(restarted), T0 + 21)
     (view,) = s.views(T0 + 21)
@@ -51,6 +51,8 @@ def test_a_restarted_process_continues_the_exported_counters() -> None:
     assert view.offsets.steps + view.report.totals.steps == 53
     assert view.offsets.tokens + view.report.totals.tokens == 53_000
     assert view.offsets.phases["data_wait"] + view.report.phases["data_wait"] == 2.5
+    assert view.totals()["tokens"] == 53_000
+    assert view.phases() == {"checkpoint": 4.0, "data_wait": 2.5}, "a phase only the old process had stays"
     assert sum(view.offsets.step_counts) == 49
     assert len(view.points) == 1 and view.anchor is not None and view.anchor.reported > T0 + 20
 
