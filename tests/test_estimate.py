@@ -365,7 +365,7 @@ def daemon() -> Iterator[tuple[str, dict[str, tuple[int, bytes]]]]:
 
 
 GIB = 1024**3
-# the fields of GET /v1/jobs/{job} that estimate reads (gpumon/training/analysis.py job_json has more)
+# the fields of GET /v1/jobs/{job} that estimate reads (gpumon/training/jobjson.py has more)
 JOB = {
     "job": "train-7b",
     "ranks": [

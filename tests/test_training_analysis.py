@@ -10,7 +10,8 @@ from helpers import set_state
 from reports import now_report
 
 from gpumon.gpu.sim.processes import SimProcess
-from gpumon.training.analysis import Analysis, job_json
+from gpumon.training.analysis import Analysis
+from gpumon.training.jobjson import job_json
 from gpumon.training.report import parse
 from gpumon.training.store import JobStore
 

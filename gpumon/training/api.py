@@ -21,8 +21,9 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gpumon.client import protocol as P
 from gpumon.training import report as reports
-from gpumon.training.analysis import Analysis, job_json
+from gpumon.training.analysis import Analysis
 from gpumon.training.collector import IngestStats
+from gpumon.training.jobjson import job_json
 from gpumon.training.store import Conflict, LimitExceeded, Stale
 
 
