@@ -4,4 +4,6 @@ Each lives in its own module and imports its framework there, so ``gpumon.client
 
 - ``gpumon.client.integrations.huggingface.GpumonCallback``: a ``transformers.TrainerCallback``
 - ``gpumon.client.integrations.lightning.GpumonCallback``: a Lightning ``Callback``
+
+Both report through ``owner.ReporterOwner``: the caller's Reporter, or one they own for the run.
 """

@@ -31,11 +31,12 @@ except ImportError as exc:  # gpumon.client itself must work without transformer
     ) from exc
 
 from gpumon.client import Reporter
+from gpumon.client.integrations.owner import ReporterOwner
 
 log = logging.getLogger(__name__)
 
 
-class GpumonCallback(TrainerCallback):
+class GpumonCallback(TrainerCallback, ReporterOwner):
     """Reports steps, samples, tokens and phases of this rank to its node's gpumon daemon.
 
     ``reporter``: an existing Reporter (flushed, not closed, at the end of training: its owner closes it).
@@ -53,11 +54,7 @@ class GpumonCallback(TrainerCallback):
     ) -> None:
         if tokens_per_step is not None and seq_len is not None:
             raise ValueError("give tokens_per_step or seq_len, not both")
-        if reporter is not None and reporter_kwargs:
-            raise ValueError(f"reporter given: {sorted(reporter_kwargs)} would be ignored")
-        self.reporter = reporter
-        self._owned = reporter is None
-        self._kwargs = reporter_kwargs
+        ReporterOwner.__init__(self, reporter, reporter_kwargs)
         self._tokens_per_step = tokens_per_step
         self._seq_len = seq_len
         self._samples = 0
@@ -76,21 +73,10 @@ class GpumonCallback(TrainerCallback):
         else:
             self._tokens = 0
             log.info("gpumon: neither tokens_per_step nor seq_len given: reporting samples only")
+        # a Reporter still open here is one a failed train() left behind: the Trainer has no exception hook
         if self._owned:
-            if self.reporter is not None:  # the previous train() raised: the Trainer has no exception hook
-                self.reporter.close()
-            # created here, not in __init__: a Reporter holds a thread, and callbacks get copied to workers
-            self.reporter = Reporter(**{**self._defaults(args, kwargs.get("model")), **self._kwargs})
-
-    @staticmethod
-    def _defaults(args: TrainingArguments, model: Any) -> dict[str, Any]:
-        defaults: dict[str, Any] = {"dtype": _dtype(args, model)}
-        if args.world_size > 1:
-            defaults.update(rank=args.process_index, world_size=args.world_size)
-            defaults["local_rank"] = args.local_process_index
-        if args.device.type == "cuda":
-            defaults["device"] = args.device  # mapped to an NVML GPU through CUDA_VISIBLE_DEVICES by the SDK
-        return defaults
+            dtype = _dtype(args, kwargs.get("model"))
+            self._open(dtype, args.process_index, args.world_size, args.local_process_index, args.device)
 
     def on_step_begin(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
@@ -120,13 +106,7 @@ class GpumonCallback(TrainerCallback):
     def on_train_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
-        if self.reporter is None:
-            return
-        if self._owned:
-            self.reporter.close()
-            self.reporter = None  # a second trainer.train() starts a new Reporter (a new incarnation)
-        else:
-            self.reporter.flush()
+        self._close()
 
 
 def _dtype(args: TrainingArguments, model: Any) -> object:

@@ -31,6 +31,7 @@ except ImportError:
         raise ImportError(f"gpumon's GpumonCallback needs Lightning: pip install lightning ({exc})") from exc
 
 from gpumon.client import Reporter
+from gpumon.client.integrations.owner import ReporterOwner
 
 log = logging.getLogger(__name__)
 # Lightning's own batch-size inference (the first tensor's length), under either package name
@@ -39,7 +40,7 @@ _extract_batch_size = importlib.import_module(f"{pl.__name__}.utilities.data").e
 _PRECISIONS = {"bf16": "bf16", "16": "fp16", "32": "fp32", "transformer": "fp8"}
 
 
-class GpumonCallback(pl.Callback):
+class GpumonCallback(pl.Callback, ReporterOwner):
     """Reports this rank's steps, samples, tokens and phases. ``reporter``: the caller's own (flushed, not
     closed, at the end); else one is made at train start from ``reporter_kwargs`` (job, workload, model, url,
     flops_per_token...) plus the Trainer's rank, device and dtype where not given, and closed at the end."""
@@ -55,11 +56,7 @@ class GpumonCallback(pl.Callback):
     ) -> None:
         if tokens_per_step is not None and tokens_from_batch is not None:
             raise ValueError("give tokens_per_step or tokens_from_batch, not both")
-        if reporter is not None and reporter_kwargs:
-            raise ValueError(f"reporter given: {sorted(reporter_kwargs)} would be ignored")
-        self.reporter = reporter
-        self._owned = reporter is None
-        self._kwargs = reporter_kwargs
+        ReporterOwner.__init__(self, reporter, reporter_kwargs)
         self._tokens_per_step = tokens_per_step
         self._tokens_from_batch = tokens_from_batch
         self._samples_from_batch = samples_from_batch or _extract_batch_size
@@ -74,15 +71,9 @@ class GpumonCallback(pl.Callback):
         self._phases = pl_module.automatic_optimization  # manual: optimizers step anywhere, no phase bounds
         if self._tokens_per_step is None and self._tokens_from_batch is None:
             log.info("gpumon: neither tokens_per_step nor tokens_from_batch given: reporting samples only")
-        if self._owned and self.reporter is None:
-            # created here, not in __init__: a Reporter holds a thread, and callbacks get pickled to workers
-            defaults: dict[str, Any] = {"dtype": _PRECISIONS.get(str(trainer.precision).split("-")[0])}
-            if trainer.world_size > 1:
-                defaults.update(rank=trainer.global_rank, world_size=trainer.world_size)
-                defaults["local_rank"] = trainer.local_rank
-            if pl_module.device.type == "cuda":
-                defaults["device"] = pl_module.device  # mapped through CUDA_VISIBLE_DEVICES by the SDK
-            self.reporter = Reporter(**{**defaults, **self._kwargs})
+        if self._owned:
+            dtype = _PRECISIONS.get(str(trainer.precision).split("-")[0])
+            self._open(dtype, trainer.global_rank, trainer.world_size, trainer.local_rank, pl_module.device)
 
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
@@ -142,8 +133,4 @@ class GpumonCallback(pl.Callback):
         if not self._running or self.reporter is None:  # on_train_end and teardown both run: finish once
             return
         self._running = False
-        if self._owned:
-            self.reporter.close()
-            self.reporter = None  # a second fit() starts a new Reporter (a new incarnation)
-        else:
-            self.reporter.flush()
+        self._close()
