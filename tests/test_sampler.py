@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import logging
 import threading
 import time
 
@@ -183,3 +184,17 @@ def test_a_reopen_hung_in_the_driver_keeps_neither_other_gpus_nor_shutdown_waiti
     stopper.start()
     stopper.join(10)
     assert not stopper.is_alive(), "stop() waited on the hung call"
+
+
+def test_listeners_see_every_snapshot_and_a_failing_one_cannot_stop_sampling(sims, samplers, caplog) -> None:
+    sampler = samplers(sims("1xH100-SXM", static=True))
+    seen: list[int] = []
+
+    def broken(snap) -> None:
+        raise RuntimeError("boom")
+
+    sampler.listeners += [broken, lambda snap: seen.append(snap.sweep)]
+    with caplog.at_level(logging.ERROR):
+        sweeps = [sampler.sweep().sweep for _ in range(3)]
+    assert seen == sweeps
+    assert sum("snapshot listener failed" in r.getMessage() for r in caplog.records) == 1

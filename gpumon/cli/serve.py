@@ -83,13 +83,16 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
     def source() -> Snapshot | None:
         return sampler.snapshot
 
+    training = from_settings(settings, source) if settings.ingest else None
+    if training is not None:
+        sampler.listeners.append(training.analysis.observe)  # GPU windows get every sweep
     app = create_app(
         source,
         sampler.alive,
         backend=backend,
         owner_labels=settings.owner_labels,
         compat=settings.compat,
-        training=from_settings(settings, source) if settings.ingest else None,
+        training=training,
     )
     sampler.start()
     host, port = sock.getsockname()[:2]

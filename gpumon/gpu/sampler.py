@@ -130,6 +130,9 @@ class Sampler:
         self._discovering: threading.Thread | None = None
         self._driver: DriverInfo | None = None
         self._snapshot: Snapshot | None = None
+        # called with every new snapshot, on the sampling thread: quick, and never trusted not to raise
+        self.listeners: list[Callable[[Snapshot], None]] = []
+        self._listener_failed = False
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self.last_sweep_monotonic = 0.0
@@ -285,6 +288,13 @@ class Sampler:
         )
         self._snapshot = snap  # one reference swap: a scrape sees the old snapshot or the new, never a mix
         self.last_sweep_monotonic = time.monotonic()
+        for listener in self.listeners:
+            try:
+                listener(snap)
+            except Exception:
+                if not self._listener_failed:
+                    self._listener_failed = True
+                    log.exception("a snapshot listener failed; sampling carries on (logged once)")
         return snap
 
     def _attribute(

@@ -92,9 +92,10 @@ class Analysis:
     def window(self) -> float:
         return self.store.window
 
-    def observe(self) -> None:
-        """Feed the GPU history with the latest snapshot (cheap when it has not changed)."""
-        self.history.observe(self.source(), self.window)
+    def observe(self, snap: Snapshot | None = None) -> None:
+        """Feed the GPU history a snapshot (default: the latest); a sampler listener, so the history has
+        every sweep whatever the report and scrape traffic. Cheap when the snapshot was seen already."""
+        self.history.observe(self.source() if snap is None else snap, self.window)
 
     def jobs(self, now: float | None = None, only: str | None = None) -> list[JobResult]:
         """Every job on this node, or just ``only`` (its GPUs' sharers still count every job's ranks)."""

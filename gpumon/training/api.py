@@ -117,7 +117,6 @@ class Ingest:
         except ValueError as exc:
             return self._refuse("invalid", 422, str(exc))
         self.stats.count("accepted")
-        self.analysis.observe()
         return 204, ""
 
 
