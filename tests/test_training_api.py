@@ -121,6 +121,12 @@ def test_reports_over_the_unix_socket(daemon) -> None:
             r = c.post(P.PATH, content=json.dumps(now_report(7)).encode())
             assert r.status_code == 204, r.text
         assert samples(d.get("/metrics").text, "gpumon_training_steps_total")
+        from helpers import run_gpumon
+
+        out = run_gpumon("diagnose", "--job", "llm", env={"GPUMON_URL": f"unix://{path}"})
+        assert out.returncode == 0 and "Job llm" in out.stdout, (
+            out.stderr
+        )  # the CLI finds it where the SDK does
         assert d.stop() == 0
         assert not Path(path).exists(), "the socket file is removed at shutdown"
 

@@ -1,16 +1,22 @@
-"""Reading a running daemon's JSON API from the CLI (diagnose, estimate --job): stdlib, one-line errors."""
+"""Reading a running daemon's JSON API from the CLI (diagnose, estimate --job): stdlib, one-line errors.
+
+The daemon is found where the SDK reports to: ``http://``, ``https://`` or ``unix:///path`` (the daemon's
+``--ingest-socket``), the same URL forms as ``GPUMON_URL``.
+"""
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
-import urllib.error
 import urllib.parse
-import urllib.request
 from typing import Any
 
 from gpumon.client.protocol import DEFAULT_URL
+from gpumon.client.transport import UnixHTTPConnection
 from gpumon.config import ConfigError
+
+MAX_ANSWER_BYTES = 64 * 1024 * 1024  # a /v1/jobs document for hundreds of ranks is a few MB at most
 
 
 class DaemonError(Exception):
@@ -23,39 +29,51 @@ class NotFound(DaemonError):
 
 def default_url() -> str:
     """The SDK's own setting, so the CLI looks where the training processes report."""
-    url = os.environ.get("GPUMON_URL", DEFAULT_URL)
-    return DEFAULT_URL if url.startswith("unix:") else url
+    return os.environ.get("GPUMON_URL") or DEFAULT_URL
 
 
 def check_url(base: str) -> str:
     parsed = urllib.parse.urlsplit(base)
-    if parsed.scheme not in ("http", "https") or not parsed.netloc:
-        raise ConfigError(f"--url: expected the daemon's http://HOST:PORT, got {base!r}")
+    if parsed.scheme == "unix" and parsed.path:
+        return base
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        raise ConfigError(f"--url: expected the daemon's http://HOST:PORT or unix:///PATH, got {base!r}")
     return base.rstrip("/")
 
 
+def _connection(base: str, timeout: float) -> tuple[http.client.HTTPConnection, str]:
+    """A connection to the daemon and the path prefix its URL carries."""
+    parts = urllib.parse.urlsplit(base)
+    if parts.scheme == "unix":
+        return UnixHTTPConnection(parts.path, timeout), ""
+    cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+    return cls(parts.hostname or "", parts.port, timeout=timeout), parts.path.rstrip("/")
+
+
 def get_json(base: str, path: str, *, timeout: float = 5.0, missing: str | None = None) -> dict[str, Any]:
-    """GET ``base + path`` as a JSON object. ``missing``: the message for a 404 (else a generic one)."""
-    url = check_url(base) + path
-    request = urllib.request.Request(url, headers={"Accept": "application/json"})
+    """GET ``path`` from the daemon at ``base`` as a JSON object. ``missing``: the message for a 404."""
+    where = check_url(base).rstrip("/") + path
+    conn, prefix = _connection(base, timeout)
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            body = response.read()
-    except urllib.error.HTTPError as exc:
-        if exc.code == 404:
-            raise NotFound(missing or f"the daemon at {base} knows no {path}") from None
-        raise DaemonError(f"the daemon answered {url} with HTTP {exc.code} {exc.reason}") from None
-    except (urllib.error.URLError, OSError) as exc:
-        reason = getattr(exc, "reason", exc)
+        conn.request("GET", prefix + path, headers={"Accept": "application/json"})
+        response = conn.getresponse()
+        body = response.read(MAX_ANSWER_BYTES)
+    except (OSError, http.client.HTTPException) as exc:
         raise DaemonError(
-            f"cannot reach the gpumon daemon at {url}: {reason} (is `gpumon serve` running? pass --url)"
+            f"cannot reach the gpumon daemon at {where}: {exc} (is `gpumon serve` running? pass --url)"
         ) from None
+    finally:
+        conn.close()
+    if response.status == 404:
+        raise NotFound(missing or f"the daemon at {base} knows no {path}")
+    if response.status != 200:
+        raise DaemonError(f"the daemon answered {where} with HTTP {response.status} {response.reason}")
     try:
         data = json.loads(body)
     except (ValueError, UnicodeDecodeError):
-        raise DaemonError(f"the daemon answered {url} with something that is not JSON") from None
+        raise DaemonError(f"the daemon answered {where} with something that is not JSON") from None
     if not isinstance(data, dict):
-        raise DaemonError(f"the daemon answered {url} with JSON that is not an object")
+        raise DaemonError(f"the daemon answered {where} with JSON that is not an object")
     return data
 
 
