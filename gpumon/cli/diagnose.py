@@ -16,7 +16,11 @@ USES_GPUS = False  # it reads the daemon's API; no GPU options
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--job", metavar="NAME", help="one job (default: every job reporting to the daemon)")
-    p.add_argument("--url", metavar="URL", help="the daemon (default $GPUMON_URL or http://127.0.0.1:9478)")
+    p.add_argument(
+        "--url",
+        metavar="URL",
+        help="the daemon, http:// or unix:// (default $GPUMON_URL or http://127.0.0.1:9478)",
+    )
     p.add_argument("--json", action="store_true", help="print the daemon's JSON, evidence included")
 
 
