@@ -211,7 +211,7 @@ def validate(raw: Mapping[str, Any]) -> Settings:
         s.log_level = _text(raw, "log_level").lower()
         if s.log_level not in LOG_LEVELS:
             raise ConfigError(f"log-level: expected one of {', '.join(LOG_LEVELS)}, got {raw['log_level']!r}")
-    for key in ("events", "processes", "owner_labels"):
+    for key in ("events", "processes", "owner_labels", "ingest", "ingest_allow_remote"):
         if key in raw:
             setattr(s, key, parse_bool(raw[key], key.replace("_", "-")))
     _validate_telemetry(raw, s)
@@ -231,9 +231,6 @@ def _validate_training(raw: Mapping[str, Any], s: Settings) -> None:
     from gpumon.training.diagnosis import Thresholds, parse_thresholds
     from gpumon.training.peaks import parse_override
 
-    for key in ("ingest", "ingest_allow_remote"):
-        if key in raw:
-            setattr(s, key, parse_bool(raw[key], key.replace("_", "-")))
     if raw.get("ingest_token"):
         s.ingest_token = _text(raw, "ingest_token")
         if len(s.ingest_token) < 16 or not s.ingest_token.isprintable() or " " in s.ingest_token:

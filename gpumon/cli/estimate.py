@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from gpumon.cli.daemon_api import check_url, default_url
+from gpumon.cli.daemon_api import default_url
 from gpumon.cli.estimate_args import add_arguments, model_spec, setup
 from gpumon.cli.estimate_job import compare, fetch_job, fetch_timeout
 from gpumon.cli.estimate_render import render, render_comparison
@@ -33,7 +33,6 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
     url = args.daemon_url or default_url()
     if args.job is not None:
         timeout = fetch_timeout(args.fetch_timeout)
-        check_url(url)  # a bad --url is a usage error (2) before anything is fetched
         comparison = compare(est, args.job, fetch_job(url, args.job, timeout))
     if args.json:
         out = estimate_json(est)

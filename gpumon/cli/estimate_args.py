@@ -11,7 +11,7 @@ from typing import Any
 
 from gpumon.client.model import CONVENTIONS, PRESETS, ModelSpec, preset
 from gpumon.config import ConfigError
-from gpumon.training.estimate import CHECKPOINTING, DTYPES, OPTIMIZERS, Setup
+from gpumon.training.estimate import CHECKPOINTING, DTYPES, OPTIMIZERS, ZERO_STAGES, Setup
 
 _SHAPE = ("layers", "hidden", "heads", "vocab", "seq")  # what a model without --model must give
 _OPTIONAL_SHAPE = ("kv_heads", "head_dim", "ffn_hidden")
@@ -76,7 +76,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="attention kernels that never store the s x s scores (FlashAttention, PyTorch SDPA)",
     )
     t.add_argument(
-        "--zero", choices=("0", "1", "2", "3"), default="0", help="ZeRO / FSDP sharding stage over --dp"
+        "--zero",
+        choices=[str(z) for z in ZERO_STAGES],
+        default="0",
+        help="ZeRO / FSDP sharding stage over --dp",
     )
     t.add_argument("--dp", metavar="N", default="1", help="data-parallel size (default 1)")
     t.add_argument("--tp", metavar="N", default="1", help="tensor-parallel size (default 1)")

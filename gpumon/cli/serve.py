@@ -71,9 +71,10 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
 
     sock = bind(settings.listen)  # first: a busy port should fail before NVML takes seconds to start
     sockets = [sock]
-    if settings.ingest and settings.ingest_socket:
+    unix_path = settings.ingest_socket if settings.ingest else None
+    if unix_path:
         try:
-            sockets.append(bind_unix(settings.ingest_socket))
+            sockets.append(bind_unix(unix_path))
         except Exception:
             sock.close()
             raise
@@ -135,9 +136,9 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
         sampler.stop()
         for s in sockets:
             s.close()
-        if len(sockets) > 1 and settings.ingest_socket:
+        if unix_path:
             with contextlib.suppress(OSError):
-                os.unlink(settings.ingest_socket)
+                os.unlink(unix_path)
     log.info("gpumon stopped")
     return 0
 
