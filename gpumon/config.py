@@ -78,6 +78,8 @@ class Settings:
     max_ranks: int = 256
     peak_tflops: dict[str, float] = field(default_factory=dict)  # dtype or "*" -> per-GPU FLOP/s
     thresholds: dict[str, float] = field(default_factory=dict)  # diagnosis thresholds that differ
+    baselines: str = field(default_factory=lambda: default_baselines_path())  # the baseline library file
+    node_name: str | None = None  # gpumon_node_info{node}; default: the host name
 
     @property
     def deadline(self) -> float:
@@ -219,6 +221,16 @@ def validate(raw: Mapping[str, Any]) -> Settings:
     return s
 
 
+def default_baselines_path(env: Mapping[str, str] | None = None) -> str:
+    """Where the daemon and ``gpumon baseline`` look by default, so the two agree on one machine without
+    configuration: /var/lib/gpumon for root (the daemon's service user), the XDG data directory otherwise."""
+    env = os.environ if env is None else env
+    if os.geteuid() == 0:
+        return "/var/lib/gpumon/baselines.toml"
+    data = env.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
+    return os.path.join(data, "gpumon", "baselines.toml")
+
+
 def _count(raw: Mapping[str, Any], key: str, hi: int) -> int:
     value = raw[key]
     text = str(value).strip()
@@ -231,6 +243,12 @@ def _validate_training(raw: Mapping[str, Any], s: Settings) -> None:
     from gpumon.training.diagnosis import Thresholds, parse_thresholds
     from gpumon.training.peaks import parse_override
 
+    if raw.get("baselines"):
+        s.baselines = os.path.expanduser(_text(raw, "baselines"))
+    if raw.get("node_name"):
+        s.node_name = _text(raw, "node_name").strip()
+        if not s.node_name.isprintable():
+            raise ConfigError(f"node-name: expected printable text, got {raw['node_name']!r}")
     if raw.get("ingest_token"):
         s.ingest_token = _text(raw, "ingest_token")
         if len(s.ingest_token) < 16 or not s.ingest_token.isprintable() or " " in s.ingest_token:

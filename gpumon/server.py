@@ -33,13 +33,14 @@ def build_registry(
     owner_labels: bool = False,
     compat: str | None = None,
     training: Training | None = None,
+    node: str | None = None,
 ) -> CollectorRegistry:
     registry = CollectorRegistry()
-    registry.register(SnapshotCollector(source, owner_labels=owner_labels))
+    registry.register(SnapshotCollector(source, owner_labels=owner_labels, node=node))
     if training is not None:
         registry.register(training.collector())
     if compat == "dcgm":  # dcgm-exporter's names beside ours, for dashboards built on them
-        registry.register(DcgmCompatCollector(source))
+        registry.register(DcgmCompatCollector(source, node))
     ProcessCollector(registry=registry)
     return registry
 
@@ -66,11 +67,12 @@ def create_app(
     owner_labels: bool = False,
     compat: str | None = None,
     training: Training | None = None,
+    node: str | None = None,
 ) -> FastAPI:
-    registry = build_registry(source, owner_labels=owner_labels, compat=compat, training=training)
+    registry = build_registry(source, owner_labels=owner_labels, compat=compat, training=training, node=node)
     app = FastAPI(title="gpumon", version=__version__, docs_url=None, redoc_url=None)
     if training is not None:
-        app.include_router(training_router(training.analysis))
+        app.include_router(training_router(training.analysis, training.library, training.history))
         app.add_middleware(Ingest, analysis=training.analysis, stats=training.stats, policy=training.policy)
 
     renderer = Renderer()

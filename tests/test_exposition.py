@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -24,8 +26,10 @@ from gpumon.gpu.sim.processes import SimProcess
 from gpumon.gpu.snapshot import CollectorStatus
 from gpumon.gpu.types import MigReading, ProfilingReading
 from gpumon.host import HostReading
+from gpumon.training import baselines as B
 from gpumon.training.analysis import Analysis
 from gpumon.training.collector import IngestStats, TrainingCollector
+from gpumon.training.library_watch import LibraryWatch
 from gpumon.training.report import parse
 from gpumon.training.store import JobStore
 
@@ -34,7 +38,7 @@ GOLDEN = Path(__file__).parent / "golden" / "metrics.prom"
 
 def exposition(snap, training: TrainingCollector | None = None) -> str:
     registry = CollectorRegistry()
-    registry.register(SnapshotCollector(lambda: snap))
+    registry.register(SnapshotCollector(lambda: snap, node="node-1"))
     if training is not None:
         registry.register(training)
     return generate_latest(registry).decode()
@@ -50,15 +54,24 @@ def jobs(snap) -> TrainingCollector:
     half = {"data_wait": 0.5, "communication": 1.5}
     earlier = report(10, started=now - 2.5, rank=1, world_size=2, devices=["1"], phases=half)
     other = report(20, started=now - 2.5, rank=1, world_size=2, devices=["1"], phases=phases)
-    serve = report(30, started=now - 3.5, job="chat", kind="inference", devices=["2"], dtype="fp8")
-    serve["request_seconds"] = serve["step_seconds"]
-    serve["totals"]["requests"] = 30
-    for r in (first, restarted, earlier, other, serve):
+    chat = {"job": "chat", "kind": "inference", "devices": ["2"], "dtype": "bf16", "peak_flops": 150e12}
+    serve_before = report(15, started=now - 3.5, **chat)  # two points: the window has a step time
+    serve = report(30, started=now - 3.5, **chat)
+    for r in (serve_before, serve):
+        r["request_seconds"] = r["step_seconds"]
+        r["totals"]["requests"] = r["totals"]["steps"]
+    for r in (first, restarted, earlier, other, serve_before, serve):
         store.ingest(parse(r), now)
     stats = IngestStats()
     for outcome in ("accepted",) * 4 + ("invalid",):
         stats.count(outcome)
-    return TrainingCollector(Analysis(store, lambda: snap, clock=lambda: now), stats)
+    key = B.Key("chat", "NVIDIA RTX A6000", 1, "bf16", "palm")
+    ref = B.Baseline("chat/A6000", key, B.Figures(10_000.0, 0.125, 0.05, 40.0), recorded_at="2026-11-22")
+    path = Path(tempfile.mkdtemp()) / "baselines.toml"
+    B.save(str(path), B.Library((ref,)))
+    watch = LibraryWatch(str(path), clock=lambda: 0.0)  # read once, at creation
+    shutil.rmtree(path.parent)
+    return TrainingCollector(Analysis(store, lambda: snap, clock=lambda: now), stats, watch)
 
 
 def pinned(snap):

@@ -1,4 +1,4 @@
-"""The ``gpumon`` command: serve | snapshot | doctor.
+"""The ``gpumon`` command: serve | snapshot | doctor | diagnose | estimate | baseline.
 
 Every failure a user can cause (bad flag, bad config, no driver, busy port) ends in one line on stderr and a
 non-zero exit, never a traceback: 2 for usage and configuration errors, 1 for runtime failures.
@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from gpumon import __version__
-from gpumon.cli import diagnose, doctor, estimate, serve, snapshot
+from gpumon.cli import baseline, diagnose, doctor, estimate, serve, snapshot
 from gpumon.cli.common import add_common_options
 from gpumon.cli.daemon_api import DaemonError
 from gpumon.config import ConfigError, Settings, resolve, setup_logging
@@ -27,6 +27,7 @@ COMMANDS = {
     "doctor": (doctor, "report what this node supports, per GPU and quantity, with advice"),
     "diagnose": (diagnose, "explain why a training job is slow: the daemon's verdict, evidence and advice"),
     "estimate": (estimate, "per-GPU memory and FLOPs per token of training a transformer, from its shape"),
+    "baseline": (baseline, "record, list, compare and manage the baselines jobs are compared against"),
 }
 # quieter by default for commands whose stdout is the product
 _DEFAULT_LOG_LEVEL = {
@@ -35,6 +36,7 @@ _DEFAULT_LOG_LEVEL = {
     "doctor": "warning",
     "estimate": "warning",
     "diagnose": "warning",
+    "baseline": "warning",
 }
 
 

@@ -12,6 +12,7 @@ import sys
 from gpumon import __version__
 from gpumon.cli.common import open_sampler
 from gpumon.config import DEFAULT_PORT, Settings
+from gpumon.gpu.compat_dcgm import node_hostname
 from gpumon.gpu.snapshot import Snapshot
 from gpumon.listen import bind, bind_unix
 
@@ -25,6 +26,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help=f"address to serve on (default 0.0.0.0:{DEFAULT_PORT}; port 0 picks a free one)",
     )
     p.add_argument("--interval", metavar="DURATION", help="time between sampling sweeps (default 1s)")
+    p.add_argument(
+        "--node-name",
+        metavar="NAME",
+        help="this node's name in gpumon_node_info{node} (default: the host name; Kubernetes: spec.nodeName)",
+    )
     t = p.add_argument_group("training telemetry (docs/training.md)")
     t.add_argument(
         "--ingest",
@@ -48,6 +54,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--peak-tflops",
         metavar="[DTYPE=]TFLOPS,...",
         help="per-GPU dense peak for MFU where the table lacks the GPU, e.g. 989.5 or bf16=989.5,fp8=1979",
+    )
+    t.add_argument(
+        "--baselines",
+        metavar="PATH",
+        help="the baseline library (default /var/lib/gpumon/baselines.toml as root, else "
+        "~/.local/share/gpumon/baselines.toml; docs/baselines.md)",
     )
     t.add_argument(
         "--threshold",
@@ -86,7 +98,7 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
 
     training = from_settings(settings, source) if settings.ingest else None
     if training is not None:
-        sampler.listeners.append(training.analysis.observe)  # GPU windows get every sweep
+        sampler.listeners.append(training.observe)  # GPU windows get every sweep, job history every 10 s
     app = create_app(
         source,
         sampler.alive,
@@ -94,6 +106,7 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
         owner_labels=settings.owner_labels,
         compat=settings.compat,
         training=training,
+        node=settings.node_name or node_hostname(),
     )
     sampler.start()
     host, port = sock.getsockname()[:2]

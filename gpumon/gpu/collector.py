@@ -200,9 +200,13 @@ def _add_events(f: dict[str, Family], ev: EventsView, index: dict[str, str]) -> 
         )
 
 
-def build_families(snap: Snapshot, *, owner_labels: bool = False) -> list[Metric]:
+def build_families(
+    snap: Snapshot, *, owner_labels: bool = False, node: str | None = None
+) -> list[Metric]:
     f: dict[str, Family] = {m.name: _family(m) for m in M.GPU_FLOW}
     f[M.BUILD_INFO.name].add_metric([__version__, platform.python_version(), snap.backend], 1)
+    if node is not None:
+        f[M.NODE_INFO.name].add_metric([node], 1)
     d = snap.driver
     f[M.DRIVER_INFO.name].add_metric([d.driver_version, d.cuda_driver_version, d.nvml_version], 1)
     f[M.DEVICE_COUNT.name].add_metric([], snap.device_count)
@@ -265,13 +269,16 @@ class PerSnapshotCollector:
 class SnapshotCollector(PerSnapshotCollector):
     """gpumon's own series."""
 
-    def __init__(self, source: Callable[[], Snapshot | None], *, owner_labels: bool = False) -> None:
+    def __init__(
+        self, source: Callable[[], Snapshot | None], *, owner_labels: bool = False, node: str | None = None
+    ) -> None:
         super().__init__(source)
         self.owner_labels = owner_labels
+        self.node = node
 
     def describe(self) -> list[Metric]:
         """Every family this collector can yield: lets ``name[]`` filtering and duplicate checks work."""
         return [_family(m) for m in M.GPU_FLOW]
 
     def build(self, snap: Snapshot, previous: Snapshot | None) -> list[Metric]:
-        return build_families(snap, owner_labels=self.owner_labels)
+        return build_families(snap, owner_labels=self.owner_labels, node=self.node)

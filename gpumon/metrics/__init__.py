@@ -19,6 +19,7 @@ from gpumon.metrics.events import *  # noqa: F403
 from gpumon.metrics.processes import *  # noqa: F403
 from gpumon.metrics.host import *  # noqa: F403
 from gpumon.metrics.training import *  # noqa: F403
+from gpumon.metrics.baselines import *  # noqa: F403
 from gpumon.metrics.docs import PROCESS_METRICS, render_markdown
 # isort: on
 

@@ -19,6 +19,14 @@ DRIVER_INFO = metric(
     ("driver_version", "cuda_driver_version", "nvml_version"),
     source="nvmlSystemGetDriverVersion, nvmlSystemGetCudaDriverVersion, nvmlSystemGetNVMLVersion",
 )
+NODE_INFO = metric(
+    "gpumon_node_info",
+    "gauge",
+    "The node this daemon runs on (--node-name, else NODE_NAME, else the host name); 1. Dashboards map "
+    "node names to scrape instances through it.",
+    ("node",),
+    source="constant 1",
+)
 DEVICE_COUNT = metric(
     "gpumon_nvml_devices",
     "gauge",

@@ -23,7 +23,10 @@ from gpumon.client import protocol as P
 from gpumon.training import report as reports
 from gpumon.training.analysis import Analysis
 from gpumon.training.collector import IngestStats
+from gpumon.training.history import JobHistory
+from gpumon.training.jobfigures import baseline_json
 from gpumon.training.jobjson import job_json
+from gpumon.training.library_watch import LibraryWatch
 from gpumon.training.store import Conflict, LimitExceeded, Stale
 
 
@@ -139,8 +142,10 @@ async def _body(length: bytes | None, receive: Receive) -> bytes | None:
             return b"".join(chunks)
 
 
-def router(analysis: Analysis) -> APIRouter:
-    """GET /v1/jobs and /v1/jobs/{job}."""
+def router(
+    analysis: Analysis, library: LibraryWatch | None = None, history: JobHistory | None = None
+) -> APIRouter:
+    """GET /v1/jobs, /v1/jobs/{job}, /v1/history/{job} and /v1/baselines."""
     api = APIRouter()
 
     @api.get("/v1/jobs", summary="Jobs reporting to this node: rates, MFU, verdict")
@@ -168,10 +173,44 @@ def router(analysis: Analysis) -> APIRouter:
     def job(job: str) -> Response:
         found = analysis.jobs(only=job)
         if found:
-            return JSONResponse(job_json(found[0], analysis.window))
+            doc = job_json(found[0], analysis.window)
+            if library is not None:
+                doc["baseline"] = baseline_json(found[0], library.library())
+            return JSONResponse(doc)
         return JSONResponse(
             {"detail": f"no job {job!r} reports to this node (GET /v1/jobs lists those that do)"},
             status_code=404,
         )
+
+    if history is not None:
+
+        @api.get(
+            "/v1/history/{job:path}",
+            summary="A job's samples every 10 s over the last hour (for gpumon baseline record)",
+        )
+        def job_history(job: str, window: float | None = None) -> Response:
+            if window is not None and not window > 0:
+                return JSONResponse({"detail": "window must be a positive number of seconds"}, 422)
+            doc = history.json(job, window)
+            if doc is None:
+                return JSONResponse(
+                    {"detail": f"no history for job {job!r} on this node (GET /v1/jobs lists the jobs)"},
+                    status_code=404,
+                )
+            return JSONResponse(doc)
+
+    if library is not None:
+
+        @api.get("/v1/baselines", summary="The baseline library as the daemon last read it")
+        def baselines() -> Response:
+            lib = library.library()
+            return JSONResponse(
+                {
+                    "path": library.path,
+                    "ok": library.ok,
+                    "error": library.error,
+                    "baselines": [b.to_dict() for b in lib.baselines],
+                }
+            )
 
     return api

@@ -17,7 +17,10 @@ from prometheus_client.utils import floatToGoString
 from gpumon import metrics as M
 from gpumon.client import protocol as P
 from gpumon.training.analysis import Analysis, JobResult, RankResult
+from gpumon.training.baselines import Library
 from gpumon.training.diagnosis import BOTTLENECKS
+from gpumon.training.jobfigures import compare, job_figures
+from gpumon.training.library_watch import LibraryWatch
 
 OUTCOMES = (
     "accepted",
@@ -30,7 +33,8 @@ OUTCOMES = (
     "rank_limit",
     "conflict",
 )
-_PER_SCRAPE = [m for m in M.TRAINING_FLOW if m not in (M.INGEST_REPORTS, M.INGEST_EXPIRED)]
+_ALWAYS = (M.INGEST_REPORTS, M.INGEST_EXPIRED, M.LIBRARY_ENTRIES, M.LIBRARY_OK)
+_PER_SCRAPE = [m for m in M.TRAINING_FLOW if m not in _ALWAYS]
 _LE = [*(floatToGoString(b) for b in P.BUCKETS), "+Inf"]  # "1.0", as prometheus_client writes it
 
 
@@ -66,9 +70,10 @@ def _buckets(offset: tuple[float, ...], counts: tuple[float, ...]) -> list[tuple
 
 
 class TrainingCollector:
-    def __init__(self, analysis: Analysis, stats: IngestStats) -> None:
+    def __init__(self, analysis: Analysis, stats: IngestStats, library: LibraryWatch | None = None) -> None:
         self.analysis = analysis
         self.stats = stats
+        self.library = library
 
     def describe(self) -> list[Metric]:
         """Every family this collector can yield, so ``/metrics?name[]=`` can select training series."""
@@ -76,8 +81,11 @@ class TrainingCollector:
 
     def collect(self) -> Iterator[Metric]:
         f: dict[str, Any] = {m.name: _family(m) for m in _PER_SCRAPE}
+        lib = self.library.library() if self.library is not None else None
         for job in self.analysis.jobs():
             _add_job(f, job)
+            if lib is not None:
+                _add_baseline(f, job, lib)
         yield from (fam for fam in f.values() if fam.samples)
         reports = _family(M.INGEST_REPORTS)
         for outcome, n in self.stats.counts.items():
@@ -86,6 +94,12 @@ class TrainingCollector:
         expired = _family(M.INGEST_EXPIRED)
         expired.add_metric([], self.analysis.store.expired)
         yield expired
+        if self.library is not None:
+            entries, ok = _family(M.LIBRARY_ENTRIES), _family(M.LIBRARY_OK)
+            entries.add_metric([], len(lib.baselines) if lib is not None else 0)
+            ok.add_metric([], 1 if self.library.ok else 0)
+            yield entries
+            yield ok
 
 
 def _opt(f: dict[str, Any], m: M.Metric, labels: list[str], value: float | None) -> None:
@@ -154,3 +168,27 @@ def _add_rank(f: dict[str, Any], r: RankResult) -> None:
     for b in BOTTLENECKS:
         f[M.BOTTLENECK.name].add_metric([*rl, b], 1 if r.verdict.bottleneck == b else 0)
     _opt(f, M.STRAGGLER, rl, r.straggler)
+
+
+def _add_baseline(f: dict[str, Any], j: JobResult, lib: Library) -> None:
+    fig = job_figures(j)
+    base = lib.match(fig.key) if fig.key is not None else None
+    if fig.key is None or base is None:
+        return
+    jl = [j.job]
+    k = base.key
+    info = [*jl, base.name, k.workload, k.gpu_model, str(k.gpus), k.dtype, k.flops_convention]
+    f[M.BASELINE_INFO.name].add_metric(info, 1)
+    b = base.figures
+    _opt(f, M.BASELINE_TOKENS, jl, b.tokens_per_second_per_gpu)
+    _opt(f, M.BASELINE_STEP_TIME, jl, b.step_time_seconds)
+    _opt(f, M.BASELINE_MFU, jl, b.mfu)
+    _opt(f, M.BASELINE_TPJ, jl, b.tokens_per_joule)
+    ref = lib.scaling_reference(fig.key)
+    if ref is not None and ref.figures.tokens_per_second_per_gpu is not None:
+        f[M.SCALING_BASELINE.name].add_metric([*jl, str(ref.key.gpus)], ref.figures.tokens_per_second_per_gpu)
+    c = compare(fig.figures, base)
+    _opt(f, M.THROUGHPUT_RATIO, jl, c.tokens_per_second_per_gpu)
+    _opt(f, M.MFU_RATIO, jl, c.mfu)
+    _opt(f, M.STEP_TIME_RATIO, jl, c.step_time_seconds)
+    _opt(f, M.TPJ_RATIO, jl, c.tokens_per_joule)

@@ -1,7 +1,9 @@
-"""The training-telemetry half of the daemon, assembled from settings: store, analysis, ingest policy."""
+"""The training-telemetry half of the daemon, assembled from settings: store, analysis, ingest policy,
+the baseline library and the job history that ``gpumon baseline record`` reads."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -11,6 +13,8 @@ from gpumon.training.analysis import Analysis
 from gpumon.training.api import IngestPolicy
 from gpumon.training.collector import IngestStats, TrainingCollector
 from gpumon.training.diagnosis import Thresholds
+from gpumon.training.history import JobHistory
+from gpumon.training.library_watch import LibraryWatch
 from gpumon.training.store import JobStore
 
 
@@ -19,9 +23,19 @@ class Training:
     analysis: Analysis
     stats: IngestStats
     policy: IngestPolicy
+    library: LibraryWatch | None = None
+    history: JobHistory | None = None
 
     def collector(self) -> TrainingCollector:
-        return TrainingCollector(self.analysis, self.stats)
+        return TrainingCollector(self.analysis, self.stats, self.library)
+
+    def observe(self, snap: Snapshot | None = None) -> None:
+        """A sampler listener: the GPU history gets every sweep; the job history a sample every 10 s."""
+        self.analysis.observe(snap)
+        if self.history is not None:
+            now = time.time()
+            if self.history.due(now):
+                self.history.record(self.analysis.jobs(now), now)
 
 
 def from_settings(settings: Settings, source: Callable[[], Snapshot | None]) -> Training:
@@ -35,4 +49,4 @@ def from_settings(settings: Settings, source: Callable[[], Snapshot | None]) -> 
         store, source, thresholds=Thresholds(**settings.thresholds), peak_override=settings.peak_tflops
     )
     policy = IngestPolicy(token=settings.ingest_token, allow_remote=settings.ingest_allow_remote)
-    return Training(analysis, IngestStats(), policy)
+    return Training(analysis, IngestStats(), policy, LibraryWatch(settings.baselines), JobHistory())

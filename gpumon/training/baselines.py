@@ -1,0 +1,293 @@
+"""The baseline library: reference figures per workload and hardware, in one human-editable TOML file.
+
+A baseline is keyed by what makes throughput comparable: workload (model/config name), GPU model (NVML's
+name), GPU count, dtype and FLOPs convention (MFU under PaLM's and Megatron's conventions differ). It holds
+tokens/s per GPU, step time, MFU and tokens per joule, and says who recorded it, when and how. Two entries
+with one key would make the comparison ambiguous, so a library with such a pair is refused.
+
+Writes are atomic (a temporary file in the same directory, fsync, rename) under an advisory lock, so the
+daemon never reads half a file and two ``gpumon baseline`` commands cannot lose each other's entries.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import math
+import os
+import re
+import sys
+import tempfile
+from collections.abc import Iterator, Mapping
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Any
+
+from gpumon.client.protocol import NAME_PATTERN
+from gpumon.training.toml_out import dumps
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+VERSION = 1
+FIGURES = ("tokens_per_second_per_gpu", "step_time_seconds", "mfu", "tokens_per_joule")
+_NAME = re.compile(NAME_PATTERN)
+HEADER = (
+    "# gpumon baseline library: reference figures per workload and hardware (docs/baselines.md).\n"
+    "# Edit freely; `gpumon baseline` rewrites it atomically and keeps entries sorted by name.\n"
+)
+
+
+class LibraryError(Exception):
+    """The file cannot be read or is not a valid library; the message says where and what to fix."""
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class Key:
+    workload: str
+    gpu_model: str
+    gpus: int
+    dtype: str  # "" when the job reported none
+    flops_convention: str  # "" when the job reported no FLOPs per token
+
+    def describe(self) -> str:
+        conv = f", {self.flops_convention} FLOPs" if self.flops_convention else ""
+        return f"{self.workload} on {self.gpus}x {self.gpu_model}, {self.dtype or 'no dtype'}{conv}"
+
+
+@dataclass(frozen=True, slots=True)
+class Figures:
+    tokens_per_second_per_gpu: float | None = None
+    step_time_seconds: float | None = None
+    mfu: float | None = None
+    tokens_per_joule: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Baseline:
+    name: str
+    key: Key
+    figures: Figures
+    recorded_at: str = ""  # ISO 8601, UTC
+    recorded_by: str = ""  # user@host
+    source: str = ""  # how: the command, or "imported from FILE", or "edited by hand"
+    job_name: str = ""
+    node: str = ""
+    window_seconds: float | None = None
+    intervals: int | None = None  # measurement intervals the statistics used
+    method: str = ""
+    gpumon_version: str = ""
+    note: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"name": self.name, **asdict(self.key)}
+        out.update({k: v for k, v in asdict(self.figures).items() if v is not None})
+        for f in fields(self):
+            if f.name not in ("name", "key", "figures"):
+                value = getattr(self, f.name)
+                if value not in (None, ""):
+                    out[f.name] = value
+        return out
+
+
+_PROVENANCE = {f.name for f in fields(Baseline)} - {"name", "key", "figures"}
+_KNOWN = {"name", *(f.name for f in fields(Key)), *FIGURES, *_PROVENANCE}
+
+
+@dataclass(frozen=True)
+class Library:
+    baselines: tuple[Baseline, ...] = ()
+
+    def __post_init__(self) -> None:
+        names: dict[str, int] = {}
+        keys: dict[Key, str] = {}
+        for b in self.baselines:
+            if b.name in names:
+                raise LibraryError(f"two baselines are named {b.name!r}: names must be unique")
+            names[b.name] = 1
+            if b.key in keys:
+                raise LibraryError(
+                    f"baselines {keys[b.key]!r} and {b.name!r} have the same key ({b.key.describe()}): "
+                    "delete one, or change its workload"
+                )
+            keys[b.key] = b.name
+
+    def get(self, name: str) -> Baseline | None:
+        return next((b for b in self.baselines if b.name == name), None)
+
+    def match(self, key: Key) -> Baseline | None:
+        return next((b for b in self.baselines if b.key == key), None)
+
+    def scaling_reference(self, key: Key) -> Baseline | None:
+        """The baseline with the fewest GPUs (ideally one) for the same workload, GPU model, dtype and
+        convention: the per-GPU speed a perfectly scaling job would keep."""
+        same = [
+            b
+            for b in self.baselines
+            if replace(b.key, gpus=key.gpus) == key and b.figures.tokens_per_second_per_gpu is not None
+        ]
+        return min(same, key=lambda b: b.key.gpus, default=None)
+
+    def put(self, b: Baseline, *, replace_existing: bool = False) -> tuple[Library, Baseline | None]:
+        """A library with ``b`` added; the entry it replaces (same name or key), if any. Raises LibraryError
+        when one exists and ``replace_existing`` is false."""
+        old = [x for x in self.baselines if x.name == b.name or x.key == b.key]
+        if old and not replace_existing:
+            o = old[0]
+            raise LibraryError(
+                f"baseline {o.name!r} already covers {o.key.describe()} (recorded {o.recorded_at or '?'}): "
+                "pass --replace to overwrite it, or delete it first"
+            )
+        kept = tuple(x for x in self.baselines if x not in old)
+        return Library(tuple(sorted((*kept, b), key=lambda x: x.name))), (old[0] if old else None)
+
+    def without(self, names: list[str]) -> Library:
+        missing = [n for n in names if self.get(n) is None]
+        if missing:
+            raise LibraryError(f"no baseline named {', '.join(map(repr, missing))} (gpumon baseline list)")
+        return Library(tuple(b for b in self.baselines if b.name not in names))
+
+
+def default_name(key: Key) -> str:
+    """``workload/gpu/xN/dtype``: readable, and unique per key in practice."""
+    gpu = re.sub(r"[^A-Za-z0-9]+", "-", key.gpu_model.removeprefix("NVIDIA ")).strip("-") or "gpu"
+    parts = [key.workload, gpu, f"x{key.gpus}"] + ([key.dtype] if key.dtype else [])
+    parts += [key.flops_convention] if key.flops_convention not in ("", "palm") else []
+    return "/".join(parts)[:128]
+
+
+def parse(data: Mapping[str, Any], where: str = "baselines") -> Library:
+    """A library from the parsed TOML document; LibraryError naming the entry and field otherwise."""
+    version = data.get("version", VERSION)
+    if version != VERSION:
+        raise LibraryError(f"{where}: version {version!r} is not supported (this gpumon reads {VERSION})")
+    unknown_top = set(data) - {"version", "baseline"}
+    if unknown_top:
+        raise LibraryError(f"{where}: unknown top-level key(s) {', '.join(sorted(unknown_top))}")
+    entries = data.get("baseline", [])
+    if not isinstance(entries, list):
+        raise LibraryError(f"{where}: 'baseline' must be an array of tables ([[baseline]])")
+    return Library(tuple(_entry(e, f"{where}: baseline #{i + 1}") for i, e in enumerate(entries)))
+
+
+def _entry(e: object, where: str) -> Baseline:
+    if not isinstance(e, dict):
+        raise LibraryError(f"{where}: expected a table")
+    if isinstance(e.get("name"), str):
+        where = f"{where} ({e['name']!r})"
+    unknown = set(e) - _KNOWN
+    if unknown:
+        raise LibraryError(f"{where}: unknown field(s) {', '.join(sorted(unknown))}")
+    name = _str(e, "name", where, required=True)
+    if not _NAME.match(name):
+        raise LibraryError(f"{where}: name must be 1-128 chars of [A-Za-z0-9_.:/@+=-], got {name!r}")
+    workload = _str(e, "workload", where, required=True)
+    gpu_model = _str(e, "gpu_model", where, required=True)
+    gpus = e.get("gpus")
+    if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
+        raise LibraryError(f"{where}: gpus must be a whole number >= 1, got {gpus!r}")
+    key = Key(
+        workload,
+        gpu_model,
+        gpus,
+        _str(e, "dtype", where),
+        _str(e, "flops_convention", where),
+    )
+    figures = Figures(**{f: _number(e, f, where) for f in FIGURES})
+    if all(v is None for v in asdict(figures).values()):
+        raise LibraryError(f"{where}: no figures: give at least one of {', '.join(FIGURES)}")
+    if figures.mfu is not None and figures.mfu > 1:
+        raise LibraryError(f"{where}: mfu is a ratio from 0 to 1, got {figures.mfu!r}")
+    prov: dict[str, Any] = {}
+    for k in sorted(_PROVENANCE):
+        if k in ("window_seconds", "intervals"):
+            prov[k] = _number(e, k, where)
+            if k == "intervals" and prov[k] is not None:
+                prov[k] = int(prov[k])
+        else:
+            prov[k] = _str(e, k, where)
+    return Baseline(name, key, figures, **prov)
+
+
+def _str(e: Mapping[str, Any], k: str, where: str, required: bool = False) -> str:
+    v = e.get(k, "")
+    if not isinstance(v, str) or (required and not v.strip()):
+        raise LibraryError(f"{where}: {k} must be {'a non-empty' if required else 'a'} string, got {v!r}")
+    return v
+
+
+def _number(e: Mapping[str, Any], k: str, where: str) -> float | None:
+    v = e.get(k)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v <= 0:
+        raise LibraryError(f"{where}: {k} must be a positive number, got {v!r}")
+    return float(v)
+
+
+def render(lib: Library) -> str:
+    return HEADER + dumps({"version": VERSION, "baseline": [b.to_dict() for b in lib.baselines]})
+
+
+def load(path: str) -> Library:
+    """The library at ``path``; an empty one when the file does not exist."""
+    try:
+        with open(path, "rb") as fh:
+            data = tomllib.load(fh)
+    except FileNotFoundError:
+        return Library()
+    except tomllib.TOMLDecodeError as exc:
+        raise LibraryError(f"{path}: not valid TOML: {exc}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise LibraryError(f"{path}: cannot read: {exc}") from None
+    return parse(data, path)
+
+
+def save(path: str, lib: Library) -> None:
+    """Replace the file atomically: readers see the old library or the new one, never a torn write."""
+    directory = os.path.dirname(os.path.abspath(path))
+    text = render(lib)
+    parse(tomllib.loads(text), path)  # never write what we could not read back
+    try:
+        os.makedirs(directory, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".baselines.", suffix=".tmp", dir=directory)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                fh.write(text)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+        dfd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+    except OSError as exc:
+        raise LibraryError(f"{path}: cannot write: {exc}") from None
+
+
+@contextlib.contextmanager
+def editing(path: str) -> Iterator[list[Library]]:
+    """Read-modify-write under an exclusive lock on ``PATH.lock``: yields a one-element list holding the
+    current library; whatever library the block leaves in it is saved (unchanged: nothing is written)."""
+    directory = os.path.dirname(os.path.abspath(path))
+    try:
+        os.makedirs(directory, exist_ok=True)
+        lock = os.open(path + ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise LibraryError(f"{path}: cannot lock for writing: {exc}") from None
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        before = load(path)
+        box = [before]
+        yield box
+        if box[0] is not before:
+            save(path, box[0])
+    finally:
+        os.close(lock)

@@ -1,0 +1,116 @@
+"""Steady-state figures of a job from its history: what ``gpumon baseline record`` stores.
+
+The history's cumulative samples are differenced into intervals (about 10 s each). Intervals are dropped
+when they cannot be steady: inside the warm-up, across a restart or a change in ranks or GPUs, or without a
+step. Over what remains, the ideal step time is the mean of the interval step times at or below
+median + 3·MAD (Google's goodput library measures its ideal step time the same way), which leaves out
+checkpoints, data stalls and hiccups however long they were; tokens/s per GPU, MFU and tokens per joule are
+the medians over those same intervals. Medians, not means: one slow minute does not move a baseline.
+"""
+
+from __future__ import annotations
+
+import itertools
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from gpumon.training.baselines import Figures
+
+MIN_INTERVALS = 3
+MAD_FACTOR = 3.0
+METHOD = (
+    "per ~10 s interval; warm-up and unsteady intervals dropped; step time: mean of interval step times "
+    "<= median + 3*MAD; tokens/s per GPU, MFU, tokens/J: medians over the same intervals"
+)
+
+
+class NotSteady(Exception):
+    """Not enough steady data; the message says what to change."""
+
+
+@dataclass(frozen=True, slots=True)
+class Interval:
+    start: float
+    end: float
+    tokens_per_second_per_gpu: float
+    step_time_seconds: float
+    mfu: float | None
+    tokens_per_joule: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class Steady:
+    figures: Figures
+    intervals: int  # used
+    outliers: int  # steady-looking but slower than median + 3 MAD
+    dropped: int  # unsteady (warm-up, restart, no step, ...)
+    seconds: float  # span of the intervals considered
+    spread: float | None  # MAD / median of tokens/s per GPU over the kept intervals
+
+
+def intervals(samples: Sequence[Mapping[str, Any]]) -> tuple[list[Interval], int]:
+    """Differences of consecutive samples; and how many pairs were unsteady."""
+    out: list[Interval] = []
+    dropped = 0
+    for a, b in itertools.pairwise(samples):
+        dt = b["time"] - a["time"]
+        steps = b["steps"] - a["steps"]
+        tokens = b["tokens"] - a["tokens"]
+        same = all(a[k] == b[k] for k in ("ranks", "gpus", "restarts"))
+        if not (same and dt > 0 and steps > 0 and tokens > 0 and b["gpus"] and a["progressing"]):
+            dropped += 1
+            continue
+        tps = tokens / dt
+        mfu = None
+        if b["flops_per_token"] and b["peak_flops"]:
+            mfu = tps * b["flops_per_token"] / b["peak_flops"]
+        power = [p for p in (a["power_watts"], b["power_watts"]) if p]
+        tpj = tps / (sum(power) / len(power)) if len(power) == 2 else None
+        out.append(Interval(a["time"], b["time"], tps / b["gpus"], dt / steps, mfu, tpj))
+    return out, dropped
+
+
+def steady(samples: Sequence[Mapping[str, Any]], *, window: float, warmup: float) -> Steady:
+    if not samples:
+        raise NotSteady("the daemon has no history for this job yet: it samples every 10 s")
+    first, last = samples[0]["time"], samples[-1]["time"]
+    start = max(first + warmup, last - window)
+    considered = [s for s in samples if s["time"] >= start]
+    found, dropped = intervals(considered)
+    if len(found) < MIN_INTERVALS:
+        seen = last - first
+        raise NotSteady(
+            f"only {len(found)} steady interval(s) in the window (need {MIN_INTERVALS}); the daemon has "
+            f"{seen:.0f} s of history for this job, of which the first {warmup:.0f} s count as warm-up: "
+            "let it run longer, or shorten --warmup"
+        )
+    steps = [i.step_time_seconds for i in found]
+    med = statistics.median(steps)
+    mad = statistics.median(abs(x - med) for x in steps)
+    kept = [i for i in found if i.step_time_seconds <= med + MAD_FACTOR * mad]
+    tps = [i.tokens_per_second_per_gpu for i in kept]
+    tps_med = statistics.median(tps)
+    tps_mad = statistics.median(abs(x - tps_med) for x in tps)
+    figures = Figures(
+        tokens_per_second_per_gpu=tps_med,
+        step_time_seconds=statistics.fmean(i.step_time_seconds for i in kept),
+        mfu=_median([i.mfu for i in kept]),
+        tokens_per_joule=_median([i.tokens_per_joule for i in kept]),
+    )
+    return Steady(
+        figures,
+        len(kept),
+        len(found) - len(kept),
+        dropped,
+        found[-1].end - found[0].start,
+        tps_mad / tps_med if tps_med else None,
+    )
+
+
+def _median(values: list[float | None]) -> float | None:
+    """Only when every kept interval has the figure: a median of a biased subset would mislead."""
+    if not values or any(v is None for v in values):
+        return None
+    return statistics.median(v for v in values if v is not None)
