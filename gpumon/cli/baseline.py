@@ -99,7 +99,8 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
 
 def _record(path: str, args: argparse.Namespace) -> int:
     window = parse_duration(args.window, "window")
-    warmup = parse_duration(args.warmup, "warmup")
+    # no warm-up to skip is a fair answer (the daemon started long after the job did)
+    warmup = 0.0 if args.warmup.strip() in ("0", "0s", "0m", "0ms") else parse_duration(args.warmup, "warmup")
     url = args.url or default_url()
     job_path(args.job)  # the empty-name check
     missing = f"the daemon at {url} has no history for job {args.job!r} (gpumon diagnose lists its jobs)"
