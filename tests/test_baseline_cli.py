@@ -44,7 +44,7 @@ class Node:
         sampler.listeners.append(self.training.observe)
         sampler.start()
         sock = bind("127.0.0.1:0")
-        self.url = "http://127.0.0.1:%d" % sock.getsockname()[1]
+        self.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
         app = create_app(lambda: sampler.snapshot, sampler.alive, backend="sim", training=self.training)
         self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
         threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, daemon=True).start()
