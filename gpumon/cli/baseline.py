@@ -9,6 +9,7 @@ every change is one atomic write under a lock.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as dt
 import getpass
 import json
@@ -23,7 +24,7 @@ from gpumon.cli.baseline_render import comparison, table
 from gpumon.cli.daemon_api import default_url, get_json, job_path
 from gpumon.config import ConfigError, Settings, parse_duration
 from gpumon.training import baselines as B
-from gpumon.training.steady import METHOD, NotSteady, steady
+from gpumon.training.steady import NotSteady, method, steady
 
 USES_GPUS = False
 
@@ -116,7 +117,7 @@ def _record(path: str, args: argparse.Namespace) -> int:
     base = B.Baseline(
         name=name,
         key=key,
-        figures=st.figures,
+        figures=B.Figures(**{k: _round(v) for k, v in dataclasses.asdict(st.figures).items()}),
         recorded_at=dt.datetime.now(dt.timezone.utc).replace(microsecond=0).isoformat(),
         recorded_by=f"{_user()}@{socket.gethostname()}",
         source=f"gpumon baseline record --job {args.job} --window {args.window} --warmup {args.warmup}",
@@ -124,7 +125,7 @@ def _record(path: str, args: argparse.Namespace) -> int:
         node=urllib.parse.urlsplit(url).netloc or url,
         window_seconds=round(st.seconds, 3),
         intervals=st.intervals,
-        method=METHOD,
+        method=method(float(hist.get("interval_seconds", 10.0))),
         gpumon_version=__version__,
         note=args.note,
     )
@@ -142,6 +143,11 @@ def _record(path: str, args: argparse.Namespace) -> int:
         box[0], old = box[0].put(base, replace_existing=args.replace)
     print(f"stored in {path}" + (f", replacing the baseline recorded {old.recorded_at}" if old else ""))
     return 0
+
+
+def _round(x: float | None) -> float | None:
+    """Six significant digits: more than any measurement here supports, and readable in the file."""
+    return None if x is None else float(f"{x:.6g}")
 
 
 def _user() -> str:

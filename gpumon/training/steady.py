@@ -3,7 +3,8 @@
 The history's cumulative samples are differenced into intervals (about 10 s each). Intervals are dropped
 when they cannot be steady: inside the warm-up, across a restart or a change in ranks or GPUs, or without a
 step. Over what remains, the ideal step time is the mean of the interval step times at or below
-median + 3·MAD (Google's goodput library measures its ideal step time the same way), which leaves out
+median + 3·MAD (Google's goodput library measures its ideal step time the same way; here the cut is never
+tighter than 2 % above the median, so ordinary jitter in a very even run is not called slow), which leaves out
 checkpoints, data stalls and hiccups however long they were; tokens/s per GPU, MFU and tokens per joule are
 the medians over those same intervals. Medians, not means: one slow minute does not move a baseline.
 """
@@ -20,10 +21,17 @@ from gpumon.training.baselines import Figures
 
 MIN_INTERVALS = 3
 MAD_FACTOR = 3.0
-METHOD = (
-    "per ~10 s interval; warm-up and unsteady intervals dropped; step time: mean of interval step times "
-    "<= median + 3*MAD; tokens/s per GPU, MFU, tokens/J: medians over the same intervals"
-)
+# when nearly every interval is identical MAD is ~0, and 1 % of jitter would count as "slow": the cut is
+# never tighter than this share of the median
+MIN_SPREAD = 0.02
+
+
+def method(interval: float) -> str:
+    return (
+        f"per {interval:g} s interval; warm-up and unsteady intervals dropped; step time: mean of interval "
+        "step times <= median + max(3*MAD, 2 % of the median); tokens/s per GPU, MFU, tokens/J: medians "
+        "over the same intervals"
+    )
 
 
 class NotSteady(Exception):
@@ -89,7 +97,8 @@ def steady(samples: Sequence[Mapping[str, Any]], *, window: float, warmup: float
     steps = [i.step_time_seconds for i in found]
     med = statistics.median(steps)
     mad = statistics.median(abs(x - med) for x in steps)
-    kept = [i for i in found if i.step_time_seconds <= med + MAD_FACTOR * mad]
+    cut = med + max(MAD_FACTOR * mad, MIN_SPREAD * med)
+    kept = [i for i in found if i.step_time_seconds <= cut]
     tps = [i.tokens_per_second_per_gpu for i in kept]
     tps_med = statistics.median(tps)
     tps_mad = statistics.median(abs(x - tps_med) for x in tps)
