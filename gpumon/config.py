@@ -58,6 +58,7 @@ class Settings:
     simulate_if_no_gpu: str | None = None
     seed: int = 0
     sim_faults: list[str] = field(default_factory=list)
+    sim_jobs: list[str] = field(default_factory=list)  # simulated training jobs (gpumon/gpu/sim/jobs.py)
     log_level: str = "info"
     events: bool = True  # the NVML event (XID) watcher
     processes: bool = True  # per-process GPU use and its owners
@@ -143,7 +144,9 @@ def resolve(flags: Mapping[str, Any], env: Mapping[str, str] | None = None) -> S
             raw[f.name] = flag
         elif _env_name(f.name) in env:
             value: Any = env[_env_name(f.name)]
-            raw[f.name] = [v for v in value.split(",") if v.strip()] if f.name == "sim_faults" else value
+            # a sim job's GPU list has commas of its own, so GPUMON_SIM_JOBS separates jobs with ";"
+            sep = {"sim_faults": ",", "sim_jobs": ";"}.get(f.name)
+            raw[f.name] = [v.strip() for v in value.split(sep) if v.strip()] if sep else value
         elif f.name in from_file:
             raw[f.name] = from_file[f.name]
     return validate(raw)
@@ -218,7 +221,38 @@ def validate(raw: Mapping[str, Any]) -> Settings:
             setattr(s, key, parse_bool(raw[key], key.replace("_", "-")))
     _validate_telemetry(raw, s)
     _validate_training(raw, s)
+    _validate_sim_jobs(raw, s)
     return s
+
+
+def _validate_sim_jobs(raw: Mapping[str, Any], s: Settings) -> None:
+    from gpumon.gpu.sim.jobs import parse_jobs
+    from gpumon.training.simjob import check
+
+    jobs = raw.get("sim_jobs") or []
+    jobs = [jobs] if isinstance(jobs, str) else jobs
+    if not isinstance(jobs, list) or not all(isinstance(j, str) for j in jobs):
+        raise ConfigError(f"sim_jobs: expected a list of job specs, got {jobs!r}")
+    if not jobs:
+        return
+    spec = s.simulate or (DEFAULT_SIMULATION if s.backend == "sim" else s.simulate_if_no_gpu)
+    if spec is None:
+        raise ConfigError("--sim-job needs simulated GPUs (--simulate SPEC)")
+    if not s.ingest:
+        raise ConfigError("--sim-job reports to this daemon's ingest: drop --no-ingest")
+    host = parse_listen(s.listen)[0]
+    local = host in ("localhost", "0.0.0.0", "::") or host.startswith(("127.", "::1"))
+    if not (local or s.ingest_socket or s.ingest_allow_remote):
+        raise ConfigError(
+            f"--sim-job ranks report over loopback, which --listen {s.listen} does not serve: listen on "
+            "0.0.0.0 or 127.0.0.1, or add --ingest-socket PATH"
+        )
+    models = parse_spec(spec)
+    try:
+        check(parse_jobs(jobs, len(models)), models)
+    except ValueError as exc:
+        raise ConfigError(f"sim-job: {exc}") from None
+    s.sim_jobs = [j.strip() for j in jobs]
 
 
 def default_baselines_path(env: Mapping[str, str] | None = None) -> str:

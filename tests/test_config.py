@@ -188,3 +188,35 @@ def test_training_settings_from_flags_env_and_file(tmp_path: Path) -> None:
 def test_bad_training_settings_say_what_to_fix(given: dict[str, str], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         resolve({}, env=given)
+
+
+def test_sim_jobs_from_flags_env_and_file(tmp_path: Path) -> None:
+    s = resolve(
+        {}, env={"GPUMON_SIMULATE": "8xH100-SXM", "GPUMON_SIM_JOBS": "llama-70b:0-3,6:4/12; bert-ft:4"}
+    )
+    assert s.sim_jobs == ["llama-70b:0-3,6:4/12", "bert-ft:4"]  # ";" between jobs: GPU lists have commas
+    cfg = tmp_path / "gpumon.toml"
+    cfg.write_text('backend = "sim"\nsim_jobs = ["a:0-7:8/24"]\n')
+    assert resolve({}, env={"GPUMON_CONFIG": str(cfg)}).sim_jobs == ["a:0-7:8/24"]
+    assert resolve(flags(simulate_if_no_gpu="2xL4", sim_jobs=["a:1"]), env={}).sim_jobs == ["a:1"]
+    assert resolve(flags(simulate="2xL4", listen="[::1]:0", sim_jobs=["a:1"]), env={}).sim_jobs == ["a:1"]
+
+
+@pytest.mark.parametrize(
+    ("given", "message"),
+    [
+        (dict(sim_jobs=["a:0"]), "--sim-job needs simulated GPUs"),
+        (dict(simulate="2xL4", sim_jobs=["a:0"], ingest=False), "drop --no-ingest"),
+        (dict(simulate="2xL4", sim_jobs=["a:0-2"]), "GPU 2 does not exist; the simulated node has 2"),
+        (dict(backend="sim", sim_jobs=["a:0-8"]), "GPU 8 does not exist; the simulated node has 8"),
+        (dict(simulate="2xL4", sim_jobs=["a:0-1", "b:1"]), "GPU 1 already runs sim job a"),
+        (dict(simulate="2xL4", sim_jobs=["a:0:2/2"]), "do not fit in a world size of 2"),
+        (dict(simulate="2xL4", sim_jobs=["a"]), "sim-job: bad sim job 'a'"),
+        (dict(simulate="1xRTX-A6000", sim_jobs=["a:0"]), "no bf16 peak for RTX-A6000"),
+        (dict(simulate="2xL4", sim_jobs=["a:0"], listen="10.1.2.3:9478"), "add --ingest-socket"),
+        (dict(simulate="2xL4", sim_jobs=[5]), "sim_jobs: expected a list of job specs"),
+    ],
+)
+def test_bad_sim_jobs_say_what_to_fix(given, message) -> None:
+    with pytest.raises(ConfigError, match=message):
+        resolve(given, env={})

@@ -61,6 +61,15 @@ def add_common_options(p: argparse.ArgumentParser, *, gpus: bool = True) -> None
         help="inject a simulator fault, e.g. lost:3@10+30 or hang:2:nvmlDeviceGetPowerUsage@5 "
         "(repeatable; see docs/simulator.md)",
     )
+    g.add_argument(
+        "--sim-job",
+        dest="sim_jobs",
+        action="append",
+        default=[],
+        metavar="SPEC",
+        help="run a simulated training job on simulated GPUs, its ranks reporting through the SDK: "
+        "NAME:GPUS[:FIRST_RANK/WORLD_SIZE], e.g. llama-70b:0-7:8/24 (repeatable; see docs/simulator.md)",
+    )
     t = p.add_argument_group("deep telemetry")
     t.add_argument(
         "--events",
@@ -97,7 +106,7 @@ SIM_WARMUP = 120.0  # the simulated node has been training for two minutes when 
 
 
 def simulated_backend(spec: str, settings: Settings) -> NvmlBackend:
-    sim = SimNvml(spec, seed=settings.seed, warmup=SIM_WARMUP)
+    sim = SimNvml(spec, seed=settings.seed, warmup=SIM_WARMUP, jobs=settings.sim_jobs)
     for fault in settings.sim_faults:
         sim.faults.add(fault)
     return NvmlBackend(sim)

@@ -3,18 +3,30 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
+import ipaddress
 import logging
 import os
 import signal
 import sys
+from typing import TYPE_CHECKING
 
 from gpumon import __version__
 from gpumon.cli.common import open_sampler
 from gpumon.config import DEFAULT_PORT, Settings
 from gpumon.gpu.compat_dcgm import node_hostname
+from gpumon.gpu.sampler import Sampler
+from gpumon.gpu.sim import SimNvml
 from gpumon.gpu.snapshot import Snapshot
 from gpumon.listen import bind, bind_unix
+
+if TYPE_CHECKING:
+    import socket
+
+    import uvicorn
+
+    from gpumon.training.simjob import SimTraining
 
 log = logging.getLogger("gpumon")
 
@@ -139,13 +151,16 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
     config = uvicorn.Config(
         app, log_config=None, access_log=False, lifespan="off", timeout_graceful_shutdown=3
     )
+    sim_training = _sim_training(sampler, settings, sock)
     # uvicorn handles SIGTERM while serving, then restores the previous handler and raises the signal again;
     # with the default handler that would kill the process before the sampler and NVML are shut down
     previous = signal.signal(signal.SIGTERM, _stop_requested)
     try:
-        uvicorn.Server(config).run(sockets=sockets)
+        _server(config, sim_training).run(sockets=sockets)
     finally:
         signal.signal(signal.SIGTERM, previous)
+        if sim_training is not None:
+            sim_training.stop()  # already done unless the server failed to start or stop
         sampler.stop()
         for s in sockets:
             s.close()
@@ -154,6 +169,47 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
                 os.unlink(unix_path)
     log.info("gpumon stopped")
     return 0
+
+
+def _sim_training(sampler: Sampler, settings: Settings, sock: socket.socket) -> SimTraining | None:
+    """The --sim-job ranks, reporting to this daemon: over its unix socket when it has one, else loopback."""
+    sim = getattr(sampler.backend, "nv", None)
+    if not settings.sim_jobs:
+        return None
+    if not isinstance(sim, SimNvml):
+        log.warning("--sim-job ignored: these GPUs are real")
+        return None
+    from gpumon.training.simjob import SimTraining
+
+    if settings.ingest_socket:
+        url = "unix://" + os.path.abspath(settings.ingest_socket)
+    else:
+        host, port = sock.getsockname()[:2]
+        ip = ipaddress.ip_address(host)
+        if ip.is_unspecified:
+            ip = ipaddress.ip_address("::1" if ip.version == 6 else "127.0.0.1")
+        url = f"http://[{ip}]:{port}" if ip.version == 6 else f"http://{ip}:{port}"
+    return SimTraining(sim, url, settings.ingest_token)
+
+
+def _server(config: uvicorn.Config, sim_training: SimTraining | None) -> uvicorn.Server:
+    """A uvicorn server that starts the simulated ranks once it accepts their reports, and closes them (their
+    final reports included) while it still does."""
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            await super().startup(sockets=sockets)
+            if self.started and sim_training is not None:
+                sim_training.start()
+
+        async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+            if sim_training is not None:
+                # in a thread: the final reports are answered by this very event loop
+                await asyncio.to_thread(sim_training.stop)
+            await super().shutdown(sockets=sockets)
+
+    return Server(config)
 
 
 def _stop_requested(signum: int, frame: object) -> None:

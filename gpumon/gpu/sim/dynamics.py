@@ -12,7 +12,9 @@ from __future__ import annotations
 import bisect
 import math
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from gpumon.gpu.sim.catalog import MiB, SimModel
 from gpumon.gpu.types import THROTTLE_REASONS
@@ -29,7 +31,7 @@ IDLE, LOADING, COMPUTE, ALLREDUCE, DATA_WAIT, CHECKPOINT = (
 )
 
 # NVML clock-event bits the simulator raises
-GPU_IDLE, SW_POWER_CAP, HW_SLOWDOWN, SW_THERMAL, HW_THERMAL = 0x1, 0x4, 0x8, 0x20, 0x40
+GPU_IDLE, SW_POWER_CAP, HW_SLOWDOWN, SW_THERMAL, HW_THERMAL, HW_POWER_BRAKE = 0x1, 0x4, 0x8, 0x20, 0x40, 0x80
 # cumulative throttle-time field ids (ns) by reason bit, for every reason NVML keeps a time for
 THROTTLE_FIELDS = {bit: fid for bit, _, fid in THROTTLE_REASONS if fid is not None}
 
@@ -57,6 +59,13 @@ class Job:
     step_seconds: float
     allreduce_fraction: float
     fill_ratio: float  # share of HBM the job ends up holding
+
+
+class Workload(Protocol):
+    """What a GPU runs: the node's job sequence (NodeWorkload) or one simulated job (jobs.SimJob)."""
+
+    def job_at(self, t: float) -> Job | None: ...
+    def phase(self, t: float) -> tuple[str, Job | None]: ...
 
 
 class NodeWorkload:
@@ -204,11 +213,20 @@ _PHASE_ACTIVITY = {
 
 
 class TrainingDynamics:
-    """Advances one GPU's DeviceState through the node's workload."""
+    """Advances one GPU's DeviceState through its workload. ``slowdown(t)`` says how many times slower the
+    GPU itself runs at t (a ``slowdown`` fault): its clocks drop and the hardware-slowdown reasons show."""
 
-    def __init__(self, model: SimModel, index: int, seed: int, workload: NodeWorkload) -> None:
+    def __init__(
+        self,
+        model: SimModel,
+        index: int,
+        seed: int,
+        workload: Workload,
+        slowdown: Callable[[float], float] | None = None,
+    ) -> None:
         self.model = model
         self.workload = workload
+        self.slowdown = slowdown
         self.state = DeviceState(model)
         self.rng = random.Random(_mix(seed, index, 0xD1CE))
         self.steps = 0
@@ -249,6 +267,13 @@ class TrainingDynamics:
             clock = float(m.sm_clock_max_mhz)
             if phase == COMPUTE:
                 demand *= 1.0 + 0.06 * rng.random()  # heavy kernels push past the cap now and then
+        factor = self.slowdown(t) if self.slowdown is not None else 1.0
+        if factor > 1.0:
+            # NVML's "HW slowdown" is exactly this (clocks cut by a factor of 2 or more); NVML keeps no time
+            # for it, so the power brake that usually asserts it is raised too and its time counted
+            clock /= factor
+            demand = max(m.idle_watts, demand / factor)
+            reasons |= HW_SLOWDOWN | HW_POWER_BRAKE
         if demand > s.power_limit_w:
             clock *= (s.power_limit_w / demand) ** 0.5
             demand = s.power_limit_w

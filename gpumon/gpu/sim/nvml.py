@@ -9,10 +9,11 @@ and benchmarks exercise exactly what users run.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import pynvml
@@ -21,8 +22,9 @@ from gpumon.gpu import fields
 from gpumon.gpu.sim.catalog import MiB, SimModel, parse_spec
 from gpumon.gpu.sim.dynamics import DeviceState, NodeWorkload, TrainingDynamics, _mix
 from gpumon.gpu.sim.events import SimEvents
-from gpumon.gpu.sim.faults import Faults
+from gpumon.gpu.sim.faults import Faults, Window
 from gpumon.gpu.sim.gpm import SimGpm
+from gpumon.gpu.sim.jobs import SimJob, parse_jobs
 from gpumon.gpu.sim.mig import SimMig, SimMigDevice, mig_devices
 from gpumon.gpu.sim.processes import SimProcess, SimProcesses
 from gpumon.gpu.types import THROTTLE_REASONS
@@ -102,6 +104,7 @@ class SimNvml(SimEvents, SimMig, SimGpm, SimProcesses):
         warmup: float = 0.0,
         driver_version: str = "570.133.20",
         cuda_driver_version: int = 12080,
+        jobs: Sequence[str] = (),
     ) -> None:
         models = parse_spec(gpus) if isinstance(gpus, str) else list(gpus)
         self.spec = gpus if isinstance(gpus, str) else ",".join(m.key for m in models)
@@ -110,10 +113,18 @@ class SimNvml(SimEvents, SimMig, SimGpm, SimProcesses):
         self._t0 = clock()
         self.warmup = warmup
         self.faults = Faults(self.elapsed)
-        workload = NodeWorkload(seed)
+        # --sim-job: those GPUs run that job for good; the others run the node's job sequence
+        self.jobs = [
+            SimJob(spec, functools.partial(self._windows, spec.gpus))
+            for spec in parse_jobs(jobs, len(models))
+        ]
+        workloads = {gpu: job for job in self.jobs for gpu in job.spec.gpus}
+        node = NodeWorkload(seed)
+        slowed = [functools.partial(self._slowed, i) for i in range(len(models))]
         self.gpus = [
-            SimGpu(i, m, seed, StaticDynamics(m) if static else TrainingDynamics(m, i, seed, workload))
+            SimGpu(i, m, seed, StaticDynamics(m) if static else TrainingDynamics(m, i, seed, w, slowed[i]))
             for i, m in enumerate(models)
+            for w in [workloads.get(i, node)]
         ]
         self.driver_version = driver_version
         self.cuda_driver_version = cuda_driver_version
@@ -138,6 +149,14 @@ class SimNvml(SimEvents, SimMig, SimGpm, SimProcesses):
     def now(self) -> float:
         """Simulated workload time: ``warmup`` seconds of training had happened when gpumon started."""
         return self._clock() - self._t0 + self.warmup
+
+    def _slowed(self, gpu: int, t: float) -> float:
+        """How many times slower ``gpu`` runs at workload time ``t`` (``slowdown`` faults)."""
+        return self.faults.slowdown(gpu, t - self.warmup)
+
+    def _windows(self, gpus: Sequence[int]) -> list[Window]:
+        """The ``slowdown`` windows over ``gpus``, in workload time: what a simulated job steps by."""
+        return self.faults.slowdown_windows(gpus, self.warmup)
 
     # -- helpers ---------------------------------------------------------------------------------------
     def _enter(self, op: str, gpu: SimGpu | None = None) -> None:

@@ -1,0 +1,265 @@
+"""Simulated training jobs on simulated GPUs (``--sim-job``): their specs, their timing, and their progress.
+
+This is the simulator's half of a simulated job, and lives with the simulator because the GPUs it runs on
+must show it: utilisation, power and NVLink follow the job's data-wait, compute and all-reduce phases (a
+``SimJob`` is the workload of its GPUs' dynamics, in place of the node's job sequence). The other half, the
+ranks that report each step through the real SDK, is gpumon/training/simjob.py: it needs the SDK, the peak
+table and a running daemon, none of which the simulator should depend on.
+
+A spec is ``NAME:GPUS[:FIRST_RANK/WORLD_SIZE][:KEY=VALUE...]``: ``llama-70b:0-7:8/24`` is ranks 8..15 of a
+24-rank job on GPUs 0-7 of this node; ``bert-ft:0-3`` is ranks 0..3 of a 4-rank job. GPUS is a list of
+indices and ranges (``0-3,6``); rank FIRST_RANK + i runs on the i-th GPU listed. Options: ``model=PRESET``
+(gpumon.client.model; default: the preset the name mentions, else llama3-8b), and ``step=SECONDS``,
+``data_wait=SHARE``, ``comm=SHARE``, ``mfu=RATIO`` to override what the name gives.
+
+Timing comes from the NAME alone, never the seed, the node or the clock, so every daemon simulating ranks
+of ``llama-70b`` agrees on its step time and phase shares. The job has been stepping since simulated time 0
+(after loading) and never stops; its progress is a pure function of the time and of the ``slowdown``
+windows on its GPUs (a synchronous job steps at the pace of its slowest rank).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, replace
+
+from gpumon.client.model import PRESETS
+from gpumon.gpu.sim.dynamics import ALLREDUCE, COMPUTE, DATA_WAIT, LOADING, Job
+
+Windows = Callable[[], Sequence[tuple[float, float, float]]]  # (start, end, factor), simulated time
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@+-]{0,63}$")  # the SDK's job names, without ":" "/" "="
+_GPUS = re.compile(r"^\d+(?:-\d+)?(?:,\d+(?:-\d+)?)*$")
+_RANKS = re.compile(r"^(\d+)/(\d+)$")
+_SIZE = re.compile(r"(\d+)b(?![a-z0-9])")
+DEFAULT_MODEL = "llama3-8b"
+# when a name gives only a size ("llama-70b"), the newest preset of that size
+_BY_SIZE = ("llama3-70b", "llama3-8b", "llama2-70b", "llama2-13b", "llama2-7b", "mistral-7b")
+# option → (lowest, highest) accepted
+_LIMITS = {"step": (0.1, 600.0), "data_wait": (0.0, 0.8), "comm": (0.0, 0.8), "mfu": (0.01, 1.0)}
+EXAMPLE = "llama-70b:0-7:8/24"
+
+
+class SimJobError(ValueError):
+    """A --sim-job spec is wrong; the message says what to fix."""
+
+
+@dataclass(frozen=True)
+class Timing:
+    """What the name decides. Shares are of each step; MFU is of the GPU's dense bf16 peak, over the step."""
+
+    step_seconds: float  # 0.8-1.6 s
+    data_wait: float  # 2-8 %: the input pipeline keeps up, mostly
+    communication: float  # 8-22 %: the all-reduce that ends each step
+    mfu: float  # 35-45 %
+    load_seconds: float  # 15-35 s of loading before the first step (simulated time)
+    fill_ratio: float  # share of HBM the job holds
+    number: int  # the job's number in the simulated process list
+
+    @property
+    def compute(self) -> float:
+        return 1.0 - self.data_wait - self.communication
+
+
+def _unit(name: str, k: int) -> float:
+    # hashlib, not hash(): the latter is salted per process, and every daemon must agree
+    digest = hashlib.blake2b(f"{k}:{name}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") / 2.0**64
+
+
+def timing(name: str) -> Timing:
+    """The timing every node derives for job ``name``."""
+    u = [_unit(name, k) for k in range(7)]
+    return Timing(
+        step_seconds=round(0.8 + 0.8 * u[0], 3),
+        data_wait=round(0.02 + 0.06 * u[1], 4),
+        communication=round(0.08 + 0.14 * u[2], 4),
+        mfu=round(0.35 + 0.10 * u[3], 4),
+        load_seconds=15.0 + 20.0 * u[4],
+        fill_ratio=0.70 + 0.22 * u[5],
+        number=100 + int(900 * u[6]),
+    )
+
+
+def default_model(name: str) -> str:
+    """The model preset a job name mentions (``gpt2-ft`` → gpt2, ``llama-70b`` → llama3-70b), else
+    llama3-8b."""
+    lower = name.lower()
+    for key in PRESETS:
+        if key in lower:
+            return key
+    for size in _SIZE.findall(lower):
+        for key in _BY_SIZE:
+            if key.endswith(f"-{size}b"):
+                return key
+    return DEFAULT_MODEL
+
+
+@dataclass(frozen=True)
+class SimJobSpec:
+    text: str
+    name: str
+    gpus: tuple[int, ...]
+    first_rank: int
+    world_size: int
+    model: str
+    timing: Timing
+
+    def rank(self, gpu: int) -> int:
+        return self.first_rank + self.gpus.index(gpu)
+
+
+def _indices(text: str, field: str) -> tuple[int, ...]:
+    if not _GPUS.match(field):
+        raise SimJobError(f"sim job {text!r}: GPUS {field!r} is not like 0-7 or 0,2,4-5")
+    out: list[int] = []
+    for part in field.split(","):
+        lo, _, hi = part.partition("-")
+        first, last = int(lo), int(hi or lo)
+        if last < first:
+            raise SimJobError(f"sim job {text!r}: GPU range {part!r} runs backwards")
+        out.extend(range(first, last + 1))
+    if len(set(out)) != len(out):
+        raise SimJobError(f"sim job {text!r}: a GPU is listed twice in {field!r}")
+    return tuple(out)
+
+
+def _option(text: str, key: str, value: str) -> float:
+    lo, hi = _LIMITS[key]
+    try:
+        number = float(value)
+    except ValueError:
+        number = math.nan
+    if not lo <= number <= hi:  # NaN fails too
+        raise SimJobError(f"sim job {text!r}: {key} must be a number from {lo:g} to {hi:g}, got {value!r}")
+    return number
+
+
+def parse_job(text: str) -> SimJobSpec:
+    """One ``NAME:GPUS[:FIRST_RANK/WORLD_SIZE][:KEY=VALUE...]``; SimJobError says what to fix."""
+    usage = f"expected NAME:GPUS[:FIRST_RANK/WORLD_SIZE][:KEY=VALUE...], e.g. {EXAMPLE}"
+    parts = text.strip().split(":")
+    if len(parts) < 2 or not parts[0] or not parts[1]:
+        raise SimJobError(f"bad sim job {text!r}: {usage}")
+    name = parts[0]
+    if not _NAME.match(name):
+        raise SimJobError(
+            f"sim job {text!r}: NAME must be 1-64 letters, digits and _.@+- starting with a letter or digit"
+        )
+    gpus = _indices(text, parts[1])
+    first, world = 0, len(gpus)
+    rest = parts[2:]
+    if rest and "=" not in rest[0]:
+        m = _RANKS.match(rest.pop(0))
+        if not m:
+            raise SimJobError(f"bad sim job {text!r}: {usage}")
+        first, world = int(m[1]), int(m[2])
+        if first + len(gpus) > world:
+            raise SimJobError(
+                f"sim job {text!r}: ranks {first}..{first + len(gpus) - 1} (one per GPU) do not fit in a "
+                f"world size of {world}: raise WORLD_SIZE or lower FIRST_RANK"
+            )
+    model, values = default_model(name), {}
+    for item in rest:
+        key, sep, value = item.partition("=")
+        if key == "model" and sep:
+            if value.lower() not in PRESETS:
+                raise SimJobError(f"sim job {text!r}: unknown model {value!r}; one of {', '.join(PRESETS)}")
+            model = value.lower()
+        elif key in _LIMITS and sep:
+            values[key] = _option(text, key, value)
+        else:
+            known = ", ".join(("model", *_LIMITS))
+            raise SimJobError(f"sim job {text!r}: unknown option {item!r}; options: {known}")
+    t = timing(name)
+    t = replace(
+        t,
+        step_seconds=values.get("step", t.step_seconds),
+        data_wait=values.get("data_wait", t.data_wait),
+        communication=values.get("comm", t.communication),
+        mfu=values.get("mfu", t.mfu),
+    )
+    if t.compute < 0.1:
+        raise SimJobError(f"sim job {text!r}: data_wait and comm leave under 10 % of a step for compute")
+    return SimJobSpec(text.strip(), name, gpus, first, world, model, t)
+
+
+def parse_jobs(texts: Iterable[str], gpu_count: int) -> list[SimJobSpec]:
+    """Every spec, checked against each other and against a node of ``gpu_count`` simulated GPUs."""
+    jobs: list[SimJobSpec] = []
+    owner: dict[int, str] = {}
+    for text in texts:
+        job = parse_job(text)
+        if any(j.name == job.name for j in jobs):
+            raise SimJobError(f"sim job {text!r}: {job.name} is given twice; one spec per job and node")
+        for gpu in job.gpus:
+            if gpu >= gpu_count:
+                raise SimJobError(
+                    f"sim job {text!r}: GPU {gpu} does not exist; the simulated node has {gpu_count} "
+                    f"(0-{gpu_count - 1})"
+                )
+            if gpu in owner:
+                raise SimJobError(f"sim job {text!r}: GPU {gpu} already runs sim job {owner[gpu]}")
+            owner[gpu] = job.name
+        jobs.append(job)
+    return jobs
+
+
+class SimJob:
+    """One job's progress on this node. Also the workload of its GPUs' dynamics (dynamics.Workload).
+
+    Progress is nominal stepping seconds: it grows at 1/FACTOR while a slowdown of FACTOR holds on any of the
+    job's GPUs here (the largest, when several do), else at 1. Step k (from 1) ends when progress reaches
+    k·step_seconds; each step is data wait, then compute, then the all-reduce.
+    """
+
+    def __init__(self, spec: SimJobSpec, windows: Windows | None = None) -> None:
+        self.spec = spec
+        self.timing = t = spec.timing
+        self._windows = windows
+        self.job = Job(t.number, 0.0, math.inf, t.load_seconds, t.step_seconds, t.communication, t.fill_ratio)
+
+    def _pieces(self) -> list[tuple[float, float, float]]:
+        """(from, to, factor) covering [load end, ∞) with the factor constant on each piece."""
+        begin = self.timing.load_seconds
+        windows = [w for w in (self._windows() if self._windows else ()) if w[1] > begin]
+        edges = sorted({begin, *(x for s, e, _ in windows for x in (s, e) if begin < x < math.inf)})
+        return [
+            (a, b, max((f for s, e, f in windows if s <= a < e), default=1.0))
+            for a, b in zip(edges, [*edges[1:], math.inf], strict=True)
+        ]
+
+    def progress(self, t: float) -> float:
+        return sum((min(b, t) - a) / f for a, b, f in self._pieces() if a < t)
+
+    def time_at(self, work: float) -> float:
+        """The simulated time at which progress reaches ``work``."""
+        for a, b, f in self._pieces():
+            span = (b - a) / f
+            if work <= span:
+                return a + work * f
+            work -= span
+        return math.inf  # pragma: no cover - the last piece is unbounded
+
+    def steps_done(self, t: float) -> int:
+        return max(0, math.floor(self.progress(t) / self.timing.step_seconds + 1e-9))
+
+    def step_end(self, k: int) -> float:
+        return self.time_at(k * self.timing.step_seconds)
+
+    # -- dynamics.Workload -------------------------------------------------------------------------------
+    def job_at(self, t: float) -> Job | None:
+        return self.job
+
+    def phase(self, t: float) -> tuple[str, Job | None]:
+        if t < self.timing.load_seconds:
+            return LOADING, self.job
+        into = (self.progress(t) / self.timing.step_seconds) % 1.0
+        if into < self.timing.data_wait:
+            return DATA_WAIT, self.job
+        if into >= 1.0 - self.timing.communication:
+            return ALLREDUCE, self.job
+        return COMPUTE, self.job
