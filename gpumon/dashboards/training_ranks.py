@@ -1,0 +1,138 @@
+"""The training dashboard's per-node and per-rank sections: where the time goes, the diagnosis, stragglers."""
+
+from __future__ import annotations
+
+from gpumon.dashboards.builder import Panel, Row, Target
+from gpumon.dashboards.panels import (
+    COUNT,
+    HIGHER_IS_BETTER,
+    NONE,
+    RATIO,
+    SECONDS,
+    bargauge,
+    table,
+    timeseries,
+)
+
+JOB = 'job_name=~"$job_name"'  # recording-rule series: job_name only, they span nodes and scrape jobs
+RAW = 'job=~"$job",instance=~"$instance",job_name=~"$job_name"'
+NODE_OF_JOB = 'instance=~"$instance",job_name=~"$job_name"'  # instance_job_name: rules
+RANK = "{{job_name}} {{instance}} rank {{rank}}"
+
+
+def rule(name: str) -> str:
+    """A job-level recording rule (alerts/recording.rules.yml) for the selected jobs."""
+    return f"job_name:gpumon_training_{name}{{{JOB}}}"
+
+
+def diagnosis() -> list[Panel | Row]:
+    gpus = f"max by (job, instance, uuid, job_name) (gpumon_training_rank_gpu_info{{{RAW}}})"
+    return [
+        Row("Where the time goes"),
+        timeseries(
+            "Phase shares",
+            "Share of wall time in each reported phase, mean over the job's ranks: data_wait is input-bound, "
+            "communication is network-bound.",
+            RATIO,
+            Target(rule("phase:ratio"), "{{job_name}} {{phase}}"),
+            stack=True,
+        ),
+        table(
+            "Diagnosed bottleneck by node",
+            "The daemon's verdict for the job on each node (docs/training.md, Diagnosis); the evidence is in "
+            "gpumon diagnose --job NAME on that node.",
+            NONE,
+            Target(f"gpumon_training_job_bottleneck{{{RAW}}} == 1"),
+            hide=("Time", "__name__", "job", "Value"),
+        ),
+        timeseries(
+            "Ranks by bottleneck",
+            "How many ranks each verdict holds over time: a change of verdict is when the job's behaviour "
+            "changed.",
+            COUNT,
+            Target(
+                f"count by (job_name, bottleneck) (gpumon_training_bottleneck{{{RAW}}} == 1)",
+                "{{job_name}} {{bottleneck}}",
+            ),
+            stack=True,
+        ),
+        timeseries(
+            "Utilisation of the job's GPUs",
+            "Mean GPU utilisation of the GPUs the job's ranks run on, per node.",
+            RATIO,
+            Target(
+                "avg by (job_name, instance)"
+                f' (gpumon_gpu_utilization_ratio{{job=~"$job",instance=~"$instance"}}'
+                f" * on(job, instance, uuid) group_right() {gpus})",
+                "{{job_name}} {{instance}}",
+            ),
+            hi=1,
+        ),
+    ]
+
+
+def stragglers() -> list[Panel | Row]:
+    per_rank = "sum by (job, instance, job_name, rank)"
+    return [
+        Row("Stragglers"),
+        timeseries(
+            "Node throughput vs job median",
+            "Each node's per-GPU tokens/s over the median of the job's nodes: a node well below 100 % holds "
+            "the whole synchronous job back.",
+            RATIO,
+            Target(
+                f"instance_job_name:gpumon_training_throughput_vs_job_median:ratio{{{NODE_OF_JOB}}}",
+                "{{job_name}} {{instance}}",
+            ),
+            width=8,
+            steps=HIGHER_IS_BETTER,
+        ),
+        timeseries(
+            "Node busy time per step vs job median",
+            "Each node's busy time per step (step time less communication and data wait) over the median of "
+            "the job's nodes. In synchronous training every node has the same step time, and the others wait "
+            "in the collective for the straggler: its busy time is the one above 100 %.",
+            RATIO,
+            Target(
+                f"instance_job_name:gpumon_training_busy_step_time_vs_job_median:ratio{{{NODE_OF_JOB}}}",
+                "{{job_name}} {{instance}}",
+            ),
+            width=8,
+        ),
+        bargauge(
+            "Per-GPU tokens/s by node",
+            "Tokens/s per GPU of the job's ranks on each node, now.",
+            COUNT,
+            Target(
+                f"instance_job_name:gpumon_training_tokens_per_second_per_gpu:ratio{{{NODE_OF_JOB}}}",
+                "{{job_name}} {{instance}}",
+                instant=True,
+            ),
+            width=8,
+        ),
+        timeseries(
+            "Straggler score by rank",
+            "How much slower each rank is than the median rank of its job on the same node: 0 at or faster "
+            "than the median, 50 % twice as slow.",
+            RATIO,
+            Target(f"gpumon_training_straggler_score{{{RAW}}}", RANK),
+            hi=1,
+        ),
+        table(
+            "Ranks",
+            "Each rank now: tokens/s, mean step time, MFU, straggler score and seconds since its last step.",
+            COUNT,
+            Target(f"{per_rank} (gpumon_training_tokens_per_second{{{RAW}}})"),
+            Target(f"{per_rank} (gpumon_training_step_time_seconds{{{RAW}}})"),
+            Target(f"{per_rank} (gpumon_training_mfu_ratio{{{RAW}}})"),
+            Target(f"{per_rank} (gpumon_training_straggler_score{{{RAW}}})"),
+            Target(f"{per_rank} (time() - gpumon_training_last_progress_timestamp_seconds{{{RAW}}})"),
+            columns={
+                "Value #A": ("tokens/s", COUNT),
+                "Value #B": ("step time", SECONDS),
+                "Value #C": ("MFU", RATIO),
+                "Value #D": ("straggler score", RATIO),
+                "Value #E": ("since last step", SECONDS),
+            },
+        ),
+    ]
