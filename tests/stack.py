@@ -165,4 +165,3 @@ class Prometheus:
 
     def close(self) -> None:
         self.client.close()
-
