@@ -1,4 +1,5 @@
-"""HTTP: /metrics, /healthz, /readyz, /v1/gpus, /v1/report, /v1/jobs, a landing page; one uvicorn worker."""
+"""HTTP: /metrics, /healthz, /readyz, /v1/gpus, /v1/report, /v1/jobs, /v1/history, /v1/baselines, a landing
+page; one uvicorn worker."""
 
 from __future__ import annotations
 
@@ -129,16 +130,14 @@ def _landing(backend: str, *, jobs: bool) -> str:
             '<p style="background:#fde68a;padding:.5em"><b>Simulated GPUs.</b> These numbers come from '
             'gpumon\'s simulator, not from hardware (gpumon_build_info{backend="sim"}).</p>'
         )
-    links = "".join(
-        f'<li><a href="{path}">{path}</a>: {html.escape(text)}</li>'
-        for path, text in (
-            ("/metrics", "Prometheus metrics"),
-            ("/v1/gpus", "latest snapshot as JSON"),
+    pages = [("/metrics", "Prometheus metrics"), ("/v1/gpus", "latest snapshot as JSON")]
+    if jobs:
+        pages += [
             ("/v1/jobs", "training and inference jobs reporting to this node, with their diagnosis"),
-            ("/healthz", "liveness"),
-            ("/readyz", "readiness"),
-        )
-    )
+            ("/v1/baselines", "the baseline library as this daemon last read it"),
+        ]
+    pages += [("/healthz", "liveness"), ("/readyz", "readiness")]
+    links = "".join(f'<li><a href="{path}">{path}</a>: {html.escape(text)}</li>' for path, text in pages)
     return (
         f"<!doctype html><html><head><title>gpumon</title></head><body><h1>gpumon {__version__}</h1>"
         f"{banner}<p>GPU monitoring daemon and Prometheus exporter (backend: {html.escape(backend)}).</p>"

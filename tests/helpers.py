@@ -41,7 +41,7 @@ def require_tool(name: str) -> str:
         return path
     if IN_CI:
         pytest.fail(f"{name} is required in CI (.ci/run installs it) but was not found on PATH")
-    pytest.skip(f"{name} not installed (apt-get install prometheus)")
+    pytest.skip(f"{name} not installed (apt-get install prometheus prometheus-alertmanager)")
 
 
 def require_module(module: str) -> ModuleType:
