@@ -6,7 +6,7 @@ import pytest
 from reports import T0, report
 
 from gpumon.training.report import parse
-from gpumon.training.store import FINISHED_LINGER, Conflict, JobStore, LimitExceeded, Stale
+from gpumon.training.store import FINISHED_LINGER, LOST_RETAIN, Conflict, JobStore, LimitExceeded, Stale
 
 
 def store(**kw: float) -> JobStore:
@@ -85,6 +85,18 @@ def test_silent_ranks_expire_and_free_their_slot() -> None:
     assert len(s.views(T0 + 29)) == 1
     assert s.views(T0 + 31) == [] and s.expired == 1
     s.ingest(parse(report(1, job="b")), T0 + 31)  # the job slot is free again
+
+
+def test_ranks_that_go_silent_are_counted_lost_and_finished_ones_are_not() -> None:
+    s = store(ttl=30.0)
+    s.ingest(parse(report(1, job="a")), T0)
+    s.ingest(parse(report(1, job="a", rank=1, world_size=2, incarnation="r1")), T0)
+    s.ingest(parse(report(3, job="b", final=True)), T0)
+    assert s.lost(T0 + 1) == {"a": 0, "b": 0}  # 0 from the first report: increase() sees the first loss
+    s.ingest(parse(report(2, job="a", t=T0 + 20)), T0 + 20)  # rank 0 keeps reporting, rank 1 went silent
+    assert s.lost(T0 + 45) == {"a": 1, "b": 0}  # b finished: gone, never lost
+    assert s.lost(T0 + 60) == {"a": 2, "b": 0}  # then rank 0 went silent too
+    assert s.lost(T0 + 61 + LOST_RETAIN) == {}  # an hour after the job was last seen
 
 
 def test_a_finished_rank_lingers_briefly_then_goes() -> None:

@@ -200,6 +200,16 @@ JOB_BOTTLENECK = metric(
     source="diagnosis",
 )
 
+RANKS_LOST = metric(
+    "gpumon_training_ranks_lost_total",
+    "counter",
+    "Ranks of the job that stopped reporting without a final report (a crash, an OOM kill, a hang, a lost "
+    "node) and were dropped after --rank-ttl. 0 from the job's first report, so increase() sees the first "
+    "loss; kept for an hour after the job's last rank is gone.",
+    JOB,
+    source="job store expiry",
+)
+
 section("Ingest")
 INGEST_REPORTS = metric(
     "gpumon_ingest_reports_total",

@@ -82,10 +82,13 @@ class TrainingCollector:
     def collect(self) -> Iterator[Metric]:
         f: dict[str, Any] = {m.name: _family(m) for m in _PER_SCRAPE}
         lib = self.library.library() if self.library is not None else None
-        for job in self.analysis.jobs():
+        now = self.analysis.clock()
+        for job in self.analysis.jobs(now):
             _add_job(f, job)
             if lib is not None:
                 _add_baseline(f, job, lib)
+        for job_name, lost in self.analysis.store.lost(now).items():
+            f[M.RANKS_LOST.name].add_metric([job_name], lost)
         yield from (fam for fam in f.values() if fam.samples)
         reports = _family(M.INGEST_REPORTS)
         for outcome, n in self.stats.counts.items():

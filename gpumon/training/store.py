@@ -22,6 +22,9 @@ FINISHED_LINGER = 30.0  # seconds a rank stays after its final report, so a scra
 # a rank that went (finished, or silent past the TTL) keeps its counter offsets this long, so a process that
 # comes back as the same (job, rank) continues its counters instead of resetting them
 RETAIN_OFFSETS = 3600.0
+LOST_RETAIN = (
+    3600.0  # seconds a gone job's lost-ranks counter stays, so increase() over the alert's range sees it
+)
 # a replaced incarnation still reporting this long after its successor started is a second live process
 CONFLICT_GRACE = 5.0
 
@@ -150,6 +153,7 @@ class JobStore:
         self._ranks: dict[tuple[str, int], Rank] = {}
         self._gone: dict[tuple[str, int], tuple[float, Rank]] = {}  # (when it went, the rank) for offsets
         self._expired_at = float("-inf")
+        self._lost: dict[str, tuple[int, float]] = {}  # job -> (ranks lost, when the job was last seen)
         self._lock = threading.Lock()
 
     def ingest(self, r: Report, now: float) -> None:
@@ -219,11 +223,25 @@ class JobStore:
             if now - rank.received > (min(self.ttl, FINISHED_LINGER) if rank.report.final else self.ttl)
         ]
         for key in gone:
-            self._gone[key] = (now, self._ranks.pop(key))
+            rank = self._ranks.pop(key)
+            self._gone[key] = (now, rank)
+            if not rank.report.final:
+                self._lost[key[0]] = (self._lost.get(key[0], (0, now))[0] + 1, now)
         self.expired += len(gone)
         if gone or len(self._gone) > 4 * self.max_ranks:
             keep = sorted(self._gone.items(), key=lambda kv: kv[1][0])[-4 * self.max_ranks :]
             self._gone = {k: v for k, v in keep if now - v[0] <= RETAIN_OFFSETS}
+
+    def lost(self, now: float) -> dict[str, int]:
+        """Ranks lost per job: every live job (0 until one is lost), and jobs gone within LOST_RETAIN."""
+        with self._lock:
+            self._expire(now)
+            live = {job for job, _ in self._ranks}
+            for job in live:
+                self._lost[job] = (self._lost.get(job, (0, now))[0], now)
+            recent = sorted(self._lost.items(), key=lambda kv: kv[1][1])[-4 * self.max_jobs :]
+            self._lost = {j: v for j, v in recent if j in live or now - v[1] <= LOST_RETAIN}
+            return {j: n for j, (n, _) in sorted(self._lost.items())}
 
     def views(self, now: float) -> list[RankView]:
         with self._lock:
