@@ -103,7 +103,7 @@ def test_record_compare_and_manage_a_baseline_end_to_end(node: Node, tmp_path: P
 
     done = gpumon(node, "record", "--job", "llm", "--window", "10s", "--warmup", "0.5s", "--note", "first")
     assert done.returncode == 0, done.stderr
-    assert "llama3-8b/H100-80GB-HBM3/x1/bf16" in done.stdout and "stored in" in done.stdout
+    assert "llama3-8b/H100-80GB-HBM3/x1/bf16/palm" in done.stdout and "stored in" in done.stdout
     (b,) = B.load(node.training.library.path).baselines  # type: ignore[union-attr]
     assert b.key == B.Key("llama3-8b", "NVIDIA H100 80GB HBM3", 1, "bf16", "palm")
     assert b.figures.tokens_per_second_per_gpu == pytest.approx(TOKENS / STEP, rel=0.1)
@@ -129,6 +129,10 @@ def test_record_compare_and_manage_a_baseline_end_to_end(node: Node, tmp_path: P
     assert "tokens/s/GPU" in compare.stdout
     listing = gpumon(node, "list")
     assert listing.returncode == 0 and b.name in listing.stdout
+    # without --baselines, the CLI works on the library the local daemon reads, whatever its own default
+    env = {"GPUMON_URL": node.url, "HOME": str(tmp_path), "XDG_DATA_HOME": str(tmp_path)}
+    implicit = run_gpumon("baseline", "list", env=env)
+    assert implicit.returncode == 0 and b.name in implicit.stdout
     shown = json.loads(gpumon(node, "show", b.name, "--json").stdout)
     assert shown["job_name"] == "llm" and shown["gpus"] == 1
 

@@ -61,6 +61,8 @@ def test_a_missing_file_is_an_empty_library_and_bad_ones_say_where_and_what(tmp_
         entry + "mfu=0.4\ncolour=1\n": "unknown field(s) colour",
         entry.replace("'a'", "'a b'") + "mfu=0.4\n": "name must be",
         entry + "mfu='x'\n": "mfu must be a positive number",
+        entry + "mfu=0.4\ndtype='BF16'\n": "dtype must be one of",
+        entry + "mfu=0.4\nflops_convention='PaLM'\n": "flops_convention must be one of",
     }
     for text, message in cases.items():
         p = tmp_path / "bad.toml"
@@ -83,6 +85,8 @@ def test_put_refuses_to_overwrite_unless_asked_and_delete_names_what_is_missing(
         lib.put(base("a"))  # another name, the same key
     lib2, old = lib.put(base("a", tps=1200.0), replace_existing=True)
     assert old is not None and old.name == "b" and [b.name for b in lib2.baselines] == ["a"]
+    with pytest.raises(B.LibraryError, match="the name 'a' is taken by the baseline for llama3-8b on 8x"):
+        lib2.put(base("a", B.Key("bert", H100, 1, "", "")), replace_existing=True)  # never drops another key
     with pytest.raises(B.LibraryError, match="no baseline named 'zz'"):
         lib2.without(["zz"])
     assert lib2.without(["a"]).baselines == ()
@@ -97,7 +101,7 @@ def test_matching_is_exact_and_the_scaling_reference_is_the_fewest_gpus() -> Non
     assert lib.match(B.Key("llama3-8b", H100, 16, "bf16", "palm")) is None
     assert lib.match(B.Key("llama3-8b", H100, 8, "bf16", "megatron")) is None
     assert lib.scaling_reference(B.Key("llama3-8b", H100, 64, "bf16", "palm")) is one
-    assert B.default_name(KEY) == "llama3-8b/H100-80GB-HBM3/x8/bf16"
+    assert B.default_name(KEY) == "llama3-8b/H100-80GB-HBM3/x8/bf16/palm"
 
 
 def _add(path: str, name: str, gpus: int) -> None:
@@ -122,13 +126,18 @@ def test_concurrent_writers_do_not_lose_each_others_entries(tmp_path: Path) -> N
 
 
 def samples(n: int, *, t0: float = 0.0, dt: float = 10.0, tps: float = 8000.0, step: float = 1.0, **kw):
-    out, tokens, steps = [], 0.0, 0.0
+    """What the daemon samples every ``dt`` seconds from 8 ranks stepping every ``step`` seconds: totals as
+    of each rank's last step, and that step's time."""
+    out = []
     for i in range(n):
+        t = t0 + i * dt
+        steps = int((t - t0) / step + 1e-9)
         out.append(
             {
-                "time": t0 + i * dt,
-                "tokens": tokens,
-                "steps": steps,
+                "time": t,
+                "progress": t0 + steps * step,
+                "tokens": steps * tps * step,
+                "steps": float(steps),
                 "ranks": 8,
                 "gpus": 8,
                 "restarts": 0,
@@ -139,9 +148,15 @@ def samples(n: int, *, t0: float = 0.0, dt: float = 10.0, tps: float = 8000.0, s
                 **kw,
             }
         )
-        tokens += tps * dt
-        steps += dt / step
     return out
+
+
+@pytest.mark.parametrize("step", [0.37, 1.0, 1.3, 2.7, 4.0, 6.0, 11.0, 15.0, 25.0])
+def test_whole_steps_do_not_alias_against_the_sampling_period(step: float) -> None:
+    """Steps longer than, or out of phase with, the 10 s sampling are measured exactly."""
+    st = steady(samples(int(600 / 10), step=step), window=600.0, warmup=0.0)
+    assert st.figures.tokens_per_second_per_gpu == pytest.approx(1000.0, rel=1e-6)
+    assert st.figures.step_time_seconds == pytest.approx(step, rel=1e-6)
 
 
 def test_steady_figures_are_the_recorded_rates() -> None:
@@ -155,24 +170,27 @@ def test_steady_figures_are_the_recorded_rates() -> None:
 
 
 def test_warmup_checkpoints_and_restarts_do_not_move_the_baseline() -> None:
-    s = samples(40)
-    for x in s[:6]:  # warm-up: a quarter of the speed
+    s = samples(60)
+    for x in s[:6]:  # warm-up: the first minute at a quarter of the speed
         x["tokens"] *= 0.25
-    s[20]["restarts"] = 1  # a rank came back: the intervals either side of the change are not steady
-    for x in s[21:]:
-        x["restarts"] = 1
-    for x in s[30:]:  # one checkpoint: 10 s without progress, then the same pace
-        x["tokens"] -= 8000 * 10.0
-        x["steps"] -= 10.0
+    for x in s[40:]:  # one 30 s checkpoint: no progress, then the same pace
+        x["tokens"] -= 8000 * 30.0
+        x["steps"] -= 30.0
+    for x in s[40:43]:
+        x["steps"], x["tokens"], x["progress"] = s[39]["steps"], s[39]["tokens"], s[39]["progress"]
     st = steady(s, window=1e9, warmup=60.0)
     assert st.figures.tokens_per_second_per_gpu == pytest.approx(1000.0)
     assert st.figures.step_time_seconds == pytest.approx(1.0)
-    assert st.dropped >= 2  # the restart and the zero-progress interval
-    # without the warm-up cut, the slow start would be in: the median holds, the step-time mean too
-    # (those intervals are beyond median + 3 MAD), which is the point of the robust statistic
-    st0 = steady(s, window=1e9, warmup=0.0)
-    assert st0.figures.step_time_seconds == pytest.approx(1.0)
-    assert st0.outliers == 0 or st0.figures.tokens_per_second_per_gpu == pytest.approx(1000.0)
+    assert st.outliers == 1  # the interval across the checkpoint
+    # a restart: the warm-up counts again from it, and the interval across it is not used
+    r = samples(60)
+    for x in r[30:]:
+        x["restarts"] = 1
+    for x in r[30:36]:
+        x["tokens"] *= 0.9
+    assert steady(r, window=1e9, warmup=60.0).figures.tokens_per_second_per_gpu == pytest.approx(1000.0)
+    with pytest.raises(NotSteady, match="since it started \\(or last restarted\\)"):
+        steady(r[:34], window=1e9, warmup=60.0)
 
 
 def test_a_slow_tail_is_an_outlier_for_step_time() -> None:

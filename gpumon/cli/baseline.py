@@ -21,8 +21,8 @@ from typing import Any
 
 from gpumon import __version__
 from gpumon.cli.baseline_render import comparison, table
-from gpumon.cli.daemon_api import default_url, get_json, job_path
-from gpumon.config import ConfigError, Settings, parse_duration
+from gpumon.cli.daemon_api import DaemonError, default_url, get_json, job_path
+from gpumon.config import ConfigError, Settings, default_baselines_path, parse_duration
 from gpumon.training import baselines as B
 from gpumon.training.steady import NotSteady, method, steady
 
@@ -82,7 +82,7 @@ def _url(p: argparse.ArgumentParser) -> None:
 
 
 def run(settings: Settings, args: argparse.Namespace) -> int:
-    path = settings.baselines
+    path = _library_path(settings, getattr(args, "url", None) or default_url())
     action = {
         "record": _record,
         "list": _list,
@@ -98,8 +98,29 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
         raise ConfigError(str(exc)) from None
 
 
+def _library_path(settings: Settings, url: str) -> str:
+    """The file to work on: --baselines (or GPUMON_BASELINES, or the config file) when given; otherwise the
+    one the local daemon reads, so that a user whose default differs from the daemon's (root's
+    /var/lib/gpumon) does not record into a file the daemon never sees. A remote daemon's path is on
+    another machine, so it is never used."""
+    if settings.baselines != default_baselines_path() or not _local(url):
+        return settings.baselines
+    try:
+        path = get_json(url, "/v1/baselines", timeout=2.0).get("path")
+    except (DaemonError, ConfigError):
+        return settings.baselines
+    return path if isinstance(path, str) and path else settings.baselines
+
+
+def _local(url: str) -> bool:
+    if url.startswith("unix://"):
+        return True
+    host = urllib.parse.urlsplit(url).hostname or ""
+    return host in ("localhost", "127.0.0.1", "::1") or host.startswith("127.")
+
+
 def _record(path: str, args: argparse.Namespace) -> int:
-    window = parse_duration(args.window, "window")
+    window = parse_duration(args.window, "window")  # at most 1h: the history the daemon keeps
     # no warm-up to skip is a fair answer (the daemon started long after the job did)
     warmup = 0.0 if args.warmup.strip() in ("0", "0s", "0m", "0ms") else parse_duration(args.warmup, "warmup")
     url = args.url or default_url()
@@ -129,7 +150,7 @@ def _record(path: str, args: argparse.Namespace) -> int:
         gpumon_version=__version__,
         note=args.note,
     )
-    B.Library((base,))  # validates the entry the way a load would
+    B.validate(base)  # as a load would check it, so --dry-run shows the same refusals as a real run
     spread = f", spread {100 * st.spread:.1f} %" if st.spread is not None else ""
     print(
         f"{name}: {key.describe()}\n  from {st.intervals} steady intervals over {st.seconds:.0f} s "

@@ -22,7 +22,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
-from gpumon.client.protocol import NAME_PATTERN
+from gpumon.client.protocol import CONVENTIONS, DTYPES, NAME_PATTERN
 from gpumon.training.toml_out import dumps
 
 if sys.version_info >= (3, 11):
@@ -132,7 +132,13 @@ class Library:
     def put(self, b: Baseline, *, replace_existing: bool = False) -> tuple[Library, Baseline | None]:
         """A library with ``b`` added; the entry it replaces (same name or key), if any. Raises LibraryError
         when one exists and ``replace_existing`` is false."""
-        old = [x for x in self.baselines if x.name == b.name or x.key == b.key]
+        other = next((x for x in self.baselines if x.name == b.name and x.key != b.key), None)
+        if other is not None:  # --replace is for re-recording a key, never for dropping another key's entry
+            raise LibraryError(
+                f"the name {b.name!r} is taken by the baseline for {other.key.describe()}: "
+                "choose another --name"
+            )
+        old = [x for x in self.baselines if x.key == b.key]
         if old and not replace_existing:
             o = old[0]
             raise LibraryError(
@@ -149,11 +155,15 @@ class Library:
         return Library(tuple(b for b in self.baselines if b.name not in names))
 
 
+def validate(b: Baseline) -> Baseline:
+    """``b`` checked exactly as the file's entries are on load (LibraryError otherwise)."""
+    return _entry(b.to_dict(), f"baseline {b.name!r}")
+
+
 def default_name(key: Key) -> str:
     """``workload/gpu/xN/dtype``: readable, and unique per key in practice."""
     gpu = re.sub(r"[^A-Za-z0-9]+", "-", key.gpu_model.removeprefix("NVIDIA ")).strip("-") or "gpu"
-    parts = [key.workload, gpu, f"x{key.gpus}"] + ([key.dtype] if key.dtype else [])
-    parts += [key.flops_convention] if key.flops_convention not in ("", "palm") else []
+    parts = [key.workload, gpu, f"x{key.gpus}"] + [p for p in (key.dtype, key.flops_convention) if p]
     return "/".join(parts)[:128]
 
 
@@ -187,13 +197,15 @@ def _entry(e: object, where: str) -> Baseline:
     gpus = e.get("gpus")
     if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
         raise LibraryError(f"{where}: gpus must be a whole number >= 1, got {gpus!r}")
-    key = Key(
-        workload,
-        gpu_model,
-        gpus,
-        _str(e, "dtype", where),
-        _str(e, "flops_convention", where),
-    )
+    key = Key(workload, gpu_model, gpus, _str(e, "dtype", where), _str(e, "flops_convention", where))
+    # a hand-typed "BF16" would never match a job's "bf16": refuse it rather than never compare
+    if key.dtype not in ("", *DTYPES):
+        raise LibraryError(f"{where}: dtype must be one of {', '.join(DTYPES)} (or empty), got {key.dtype!r}")
+    if key.flops_convention not in ("", *CONVENTIONS):
+        raise LibraryError(
+            f"{where}: flops_convention must be one of {', '.join(CONVENTIONS)} (or empty), "
+            f"got {key.flops_convention!r}"
+        )
     figures = Figures(**{f: _number(e, f, where) for f in FIGURES})
     if all(v is None for v in asdict(figures).values()):
         raise LibraryError(f"{where}: no figures: give at least one of {', '.join(FIGURES)}")

@@ -9,6 +9,7 @@ them live in ``steady.py``. Bounded: at most KEEP seconds per job, and only the 
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -24,6 +25,9 @@ KEEP = 3600.0
 @dataclass(frozen=True, slots=True)
 class Sample:
     time: float  # daemon clock
+    # mean over the ranks of the time of the step() call that last changed their totals: the totals below
+    # are exact at that instant, so differences of samples are measured step boundary to step boundary
+    progress: float | None  # None while a rank has not stepped yet
     tokens: float  # summed over the job's ranks on this node, across restarts
     steps: float  # mean over the ranks (a synchronous job's ranks step together)
     ranks: int
@@ -48,22 +52,24 @@ class JobHistory:
         self.keep = keep
         self._samples: dict[str, deque[Sample]] = {}
         self._context: dict[str, Context] = {}
-        self._last = float("-inf")
+        self._last = float("-inf")  # monotonic: a wall-clock step must not stop (or flood) the sampling
         self._lock = threading.Lock()
 
-    def due(self, now: float) -> bool:
-        return now - self._last >= self.interval
+    def due(self) -> bool:
+        return time.monotonic() - self._last >= self.interval
 
     def record(self, jobs: list[JobResult], now: float) -> None:
         with self._lock:
-            self._last = now
+            self._last = time.monotonic()
             live = set()
             for j in jobs:
                 live.add(j.job)
                 fig = job_figures(j)
                 totals = [r.view.totals() for r in j.ranks]
+                updated = [r.view.report.updated for r in j.ranks]
                 s = Sample(
                     now,
+                    None if None in updated else sum(u for u in updated if u is not None) / len(updated),
                     sum(t["tokens"] for t in totals),
                     sum(t["steps"] for t in totals) / len(totals),
                     len(j.ranks),

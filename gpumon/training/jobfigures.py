@@ -67,13 +67,22 @@ def job_key(j: JobResult) -> tuple[Key | None, str | None]:
 
 def job_figures(j: JobResult) -> JobFigures:
     key, why = job_key(j)
-    distinct = {(u.window.uuid, u.window.mig_uuid): u.window for r in j.ranks for u in r.gpus}
+    distinct = {(u.window.uuid, u.window.mig_uuid): u for r in j.ranks for u in r.gpus}
+    mine: dict[tuple[str, str | None], int] = {}  # this job's ranks per GPU; u.sharers counts every job's
+    for r in j.ranks:
+        for u in r.gpus:
+            mine[(u.window.uuid, u.window.mig_uuid)] = mine.get((u.window.uuid, u.window.mig_uuid), 0) + 1
     n = len(distinct)
     tps = j.tokens_per_second
     per_gpu = tps / n if tps is not None and n else None
     steps = [r.rates.step_time_seconds for r in j.ranks if r.rates.step_time_seconds is not None]
     step = sum(steps) / len(steps) if steps and len(steps) == len(j.ranks) else None
-    watts = [w.power_watts for w in distinct.values()]
+    # a GPU shared with other jobs is charged to this one by its share of the ranks on it, as the
+    # recording rule job_name:gpumon_training_gpu_power_watts:sum does
+    watts = [
+        None if u.window.power_watts is None else u.window.power_watts * mine[k] / max(u.sharers, mine[k])
+        for k, u in distinct.items()
+    ]
     power = sum(w for w in watts if w is not None) if watts and None not in watts else None
     tpj = tps / power if tps is not None and power else None
     fpts = {r.view.report.flops_per_token for r in j.ranks}

@@ -32,10 +32,9 @@ class Training:
     def observe(self, snap: Snapshot | None = None) -> None:
         """A sampler listener: the GPU history gets every sweep; the job history a sample every 10 s."""
         self.analysis.observe(snap)
-        if self.history is not None:
+        if self.history is not None and self.history.due():
             now = time.time()
-            if self.history.due(now):
-                self.history.record(self.analysis.jobs(now), now)
+            self.history.record(self.analysis.jobs(now), now)
 
 
 def from_settings(settings: Settings, source: Callable[[], Snapshot | None]) -> Training:
