@@ -200,9 +200,7 @@ def _add_events(f: dict[str, Family], ev: EventsView, index: dict[str, str]) -> 
         )
 
 
-def build_families(
-    snap: Snapshot, *, owner_labels: bool = False, node: str | None = None
-) -> list[Metric]:
+def build_families(snap: Snapshot, *, owner_labels: bool = False, node: str | None = None) -> list[Metric]:
     f: dict[str, Family] = {m.name: _family(m) for m in M.GPU_FLOW}
     f[M.BUILD_INFO.name].add_metric([__version__, platform.python_version(), snap.backend], 1)
     if node is not None:
