@@ -1,12 +1,9 @@
 from __future__ import annotations
 
-import re
-import subprocess
-import threading
 from collections.abc import Callable, Iterator
 
 import pytest
-from helpers import ROOT, Daemon, ManualClock, gpumon_cmd
+from helpers import Daemon, ManualClock, start_daemon
 
 from gpumon.gpu.nvml import NvmlBackend
 from gpumon.gpu.sampler import Sampler
@@ -54,35 +51,8 @@ def daemon() -> Iterator[Callable[..., Daemon]]:
     started: list[Daemon] = []
 
     def start(*args: str, ready: bool = True) -> Daemon:
-        proc = subprocess.Popen(
-            gpumon_cmd("serve", "--listen", "127.0.0.1:0", *args),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            cwd=ROOT,
-        )
-        log: list[str] = []
-        found = threading.Event()
-        url: list[str] = []
-
-        def pump() -> None:
-            assert proc.stdout is not None
-            for line in proc.stdout:
-                log.append(line.rstrip())
-                m = re.search(r"listening on (http://[\d.]+:\d+)/metrics", line)
-                if m and not url:
-                    url.append(m.group(1))
-                    found.set()
-            found.set()
-
-        threading.Thread(target=pump, daemon=True).start()
-        if not found.wait(20) or not url:
-            proc.kill()
-            raise AssertionError("daemon did not start:\n" + "\n".join(log))
-        d = Daemon(proc, url[0], log)
+        d = start_daemon(*args, ready=ready)
         started.append(d)
-        if ready:
-            d.wait_ready()
         return d
 
     yield start

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from types import ModuleType
@@ -86,6 +89,43 @@ class Daemon:
                 self.proc.wait()
                 raise
         return self.proc.returncode
+
+
+def start_daemon(*args: str, ready: bool = True, log_file: Path | None = None) -> Daemon:
+    """``gpumon serve`` as a real subprocess on an ephemeral loopback port (its output also in log_file)."""
+    proc = subprocess.Popen(
+        gpumon_cmd("serve", "--listen", "127.0.0.1:0", *args),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=ROOT,
+    )
+    log: list[str] = []
+    found = threading.Event()
+    url: list[str] = []
+
+    def pump() -> None:
+        assert proc.stdout is not None
+        with log_file.open("w") if log_file else contextlib.nullcontext() as fh:
+            for line in proc.stdout:
+                log.append(line.rstrip())
+                if fh is not None:
+                    fh.write(line)
+                    fh.flush()
+                m = re.search(r"listening on (http://[\d.]+:\d+)/metrics", line)
+                if m and not url:
+                    url.append(m.group(1))
+                    found.set()
+        found.set()
+
+    threading.Thread(target=pump, daemon=True).start()
+    if not found.wait(30) or not url:
+        proc.kill()
+        raise AssertionError("daemon did not start:\n" + "\n".join(log))
+    d = Daemon(proc, url[0], log)
+    if ready:
+        d.wait_ready()
+    return d
 
 
 def gpumon_cmd(*args: str) -> list[str]:

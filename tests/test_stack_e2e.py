@@ -15,8 +15,6 @@ an injected XID arrive as GpumonGpuXidCritical; and checks nothing alerted about
 
 from __future__ import annotations
 
-import subprocess
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,7 +22,7 @@ from typing import Any
 
 import pytest
 import yaml
-from helpers import ROOT, Daemon, gpumon_cmd, require_tool, run_gpumon
+from helpers import ROOT, Daemon, require_tool, run_gpumon, start_daemon
 from stack import Prometheus, Webhook, alertmanager_binary, free_port, start
 
 from gpumon import alerting, dashboards
@@ -138,35 +136,7 @@ def stack(tmp_path_factory) -> Iterator[dict[str, Any]]:
 
 
 def _daemon(i: int, library: Path, work: Path) -> Daemon:
-    log_path = work / f"node-{i}.log"
-    proc = subprocess.Popen(
-        gpumon_cmd("serve", "--listen", "127.0.0.1:0", *node_args(i, library)),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        cwd=ROOT,
-    )
-    log: list[str] = []
-    found = threading.Event()
-
-    def pump() -> None:
-        assert proc.stdout is not None
-        with log_path.open("w") as fh:
-            for line in proc.stdout:
-                log.append(line.rstrip())
-                fh.write(line)
-                if "listening on http://" in line:
-                    found.set()
-        found.set()
-
-    threading.Thread(target=pump, daemon=True).start()
-    if not found.wait(30):
-        proc.kill()
-        raise AssertionError(f"node-{i} did not start:\n" + "\n".join(log))
-    url = next(w for line in log for w in line.split() if w.startswith("http://") and w.endswith("/metrics"))
-    d = Daemon(proc, url.removesuffix("/metrics"), log)
-    d.wait_ready()
-    return d
+    return start_daemon(*node_args(i, library), log_file=work / f"node-{i}.log")
 
 
 def _since_start(stack: dict[str, Any]) -> float:
