@@ -9,8 +9,7 @@ recording rules in alerts/ do the same across nodes.
 from __future__ import annotations
 
 from gpumon.metrics.registry import metric, section
-
-JOB = ("job_name",)
+from gpumon.metrics.training import JOB
 
 section("Training jobs against their baseline")
 BASELINE_INFO = metric(
