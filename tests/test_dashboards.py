@@ -294,6 +294,98 @@ def test_promtool_parses_every_expanded_query(tmp_path: Path) -> None:
     assert f"{len(rules)} rules found" in result.stdout
 
 
+def panel_query(uid: str, title: str, ref_id: str = "A", **values: str) -> str:
+    """A panel's query as Grafana sends it, every variable All unless given."""
+    models = {m["uid"]: m for m in committed().values()}
+    (q,) = [q for q in queries(DASHBOARD_DIR) if (q.dashboard, q.panel, q.ref_id) == (uid, title, ref_id)]
+    return expand(q.expr, {**all_values(models[uid]), **values}, "1m")
+
+
+def test_queries_mean_what_their_panels_say(tmp_path: Path) -> None:
+    """Queries whose meaning is easy to get wrong, evaluated by promtool on hand-made series at 60m."""
+    promtool = require_tool("promtool")
+    a, b, c = (
+        'job="gpumon",instance="a:9478"',
+        'job="gpumon",instance="b:9478"',
+        'job="gpumon",instance="c:9478"',
+    )
+    other = 'job="other",instance="d:9478"'
+    xid74 = 'xid="74",severity="critical"'
+    series = {
+        # a gpumon job whose exporters all went down at 30m (their build info is stale by 60m), one all up
+        'up{job="down",instance="x:9478"}': "1x30 0x30",
+        'up{job="down",instance="y:9478"}': "1x30 0x30",
+        'gpumon_build_info{job="down",instance="x:9478",version="1"}': "1x30",
+        'gpumon_build_info{job="down",instance="y:9478",version="1"}': "1x30",
+        f"up{{{a}}}": "1x60",
+        f"up{{{b}}}": "1x60",
+        f"up{{{c}}}": "1x60",
+        f'gpumon_build_info{{{a},version="1"}}': "1x60",
+        f'gpumon_build_info{{{b},version="2"}}': "1x60",
+        f'gpumon_build_info{{{c},version="2"}}': "1x60",
+        f"up{{{other}}}": "1x60",
+        # nodes a and b in scrape job gpumon, d in another; c's exporter is up but is not in the rules yet
+        f'gpumon_node_info{{{a},node="node-a"}}': "1x60",
+        f'gpumon_node_info{{{b},node="node-b"}}': "1x60",
+        f'gpumon_node_info{{{other},node="node-d"}}': "1x60",
+        'instance:gpumon_gpus:count{instance="a:9478"}': "8x60",
+        'instance:gpumon_gpus:count{instance="b:9478"}': "8x60",
+        'instance:gpumon_gpus:count{instance="d:9478"}': "4x60",
+        'instance:gpumon_gpus_up:sum{instance="a:9478"}': "7x60",
+        'instance:gpumon_gpus_up:sum{instance="b:9478"}': "8x60",
+        'instance:gpumon_gpus_up:sum{instance="d:9478"}': "0x60",
+        # XID 74 on both nodes, whose gpumon versions word it differently; node b also scraped twice
+        f'gpumon_gpu_xid_errors_total{{{a},gpu="6",uuid="GPU-a6",xid="74"}}': "1x60",
+        f'gpumon_gpu_xid_errors_total{{{b},gpu="2",uuid="GPU-b2",xid="74"}}': "3x60",
+        f'gpumon_xid_info{{{a},{xid74},description="NVLink error",action="reset"}}': "1x60",
+        f'gpumon_xid_info{{{b},{xid74},description="NVLink Error",action="drain"}}': "1x60",
+        f'gpumon_xid_info{{{b.replace("gpumon", "twice")},{xid74},description="NVLink",action="x"}}': "1x60",
+        # a job whose slowest rank (1.2 s, node b) is not on its slowest node (a: mean 1.0 s, b: 0.7 s)
+        f'gpumon_training_step_time_seconds{{{a},job_name="j",rank="0"}}': "1x60",
+        f'gpumon_training_step_time_seconds{{{a},job_name="j",rank="1"}}': "1x60",
+        f'gpumon_training_step_time_seconds{{{b},job_name="j",rank="2"}}': "1.2x60",
+        f'gpumon_training_step_time_seconds{{{b},job_name="j",rank="3"}}': "0.2x60",
+    }
+    fleet, training, node = "gpumon-fleet", "gpumon-training", "gpumon-node"
+    expected = [
+        (panel_query(fleet, "Exporters down"), {}, 2),
+        (panel_query(fleet, "Exporters down", job="gpumon"), {}, 0),  # all up: 0, not no data
+        (panel_query(fleet, "GPUs", job="gpumon"), {}, 16),
+        (panel_query(fleet, "GPUs down", job="gpumon"), {}, 1),
+        (panel_query(fleet, "GPUs down", job="other"), {}, 4),
+        (f"count({panel_query(fleet, 'XID errors by node and code')})", {}, 2),
+        (f"sum({panel_query(fleet, 'XID errors by node and code')})", {}, 4),
+        (f"count({panel_query(node, 'XID errors')})", {}, 2),
+        (panel_query(training, "Step time vs baseline", "B"), {"job_name": "j"}, 1.0),
+    ]
+    tests = [
+        {
+            "expr": expr,
+            "eval_time": "60m",
+            "exp_samples": [
+                {"labels": "{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "}", "value": value}
+            ],
+        }
+        for expr, labels, value in expected
+    ]
+    (tmp_path / "none.rules.yml").write_text("groups: []\n")
+    doc = {
+        "rule_files": ["none.rules.yml"],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": [{"series": k, "values": v} for k, v in series.items()],
+                "promql_expr_test": tests,
+            }
+        ],
+    }
+    path = tmp_path / "dashboards.test.yml"
+    path.write_text(yaml.safe_dump(doc))
+    result = subprocess.run([promtool, "test", "rules", str(path)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
 # ---- provisioning ----------------------------------------------------------------------------------------
 
 

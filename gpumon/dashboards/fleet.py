@@ -29,6 +29,11 @@ NODE = 'job=~"$job",instance=~"$instance"'
 # instance: rules aggregate by instance; the scrape job is not guaranteed to survive the aggregation
 INSTANCE = 'instance=~"$instance"'
 NODE_NAMES = f"max by (instance, node) (gpumon_node_info{{{NODE}}})"
+# instance: rules have no scrape job label: keep the instances of the selected scrape jobs through node_info
+SELECTED = f"on(instance) group by (instance) (gpumon_node_info{{{NODE}}})"
+# Scrape jobs with gpumon exporters, from the last day: the build info of a job whose exporters are all down
+# is stale, and must not hide them (the worst case would read as healthy).
+GPUMON_JOBS = 'on(job) group by (job) (last_over_time(gpumon_build_info{job=~"$job"}[1d]))'
 THROTTLING = 'reason=~"sw_power_cap|hw_slowdown|sw_thermal|hw_thermal|hw_power_brake"'
 
 
@@ -41,6 +46,11 @@ def node_rule(name: str) -> str:
     return by_node(f"instance:gpumon_{name}{{{INSTANCE}}}")
 
 
+def selected_rule(name: str) -> str:
+    """An ``instance:`` rule for the selected instances of the selected scrape jobs."""
+    return f"(instance:gpumon_{name}{{{INSTANCE}}} and {SELECTED})"
+
+
 def _overview() -> list[Panel | Row]:
     node_link = {
         "targetBlank": False,
@@ -51,32 +61,32 @@ def _overview() -> list[Panel | Row]:
         Row("Fleet"),
         stat(
             "Nodes reporting",
-            "Nodes whose gpumon exporter is being scraped (gpumon_node_info).",
+            "Distinct node names among the gpumon exporters Prometheus scrapes successfully now "
+            "(gpumon_node_info).",
             COUNT,
-            Target(f"count(gpumon_node_info{{{NODE}}})"),
+            Target(f"count(group by (node) (gpumon_node_info{{{NODE}}}))"),
         ),
         stat(
             "Exporters down",
-            "gpumon scrape targets Prometheus cannot reach (up == 0) in scrape jobs that have gpumon "
-            "exporters. Their GPUs are unmonitored, not necessarily broken.",
+            "Scrape targets Prometheus cannot reach now (up == 0) in the selected scrape jobs that had a "
+            "gpumon exporter up at some point in the last day (0 when none). Their GPUs are unmonitored, not "
+            "necessarily broken.",
             COUNT,
-            Target(f"count((up{{{NODE}}} == 0) and on(job) gpumon_build_info) or vector(0)"),
+            Target(f"count((up{{{NODE}}} == 0) and {GPUMON_JOBS}) or vector(0)"),
             steps=ZERO_IS_GOOD,
         ),
         stat(
             "GPUs",
-            "GPUs gpumon knows on the selected nodes.",
+            "GPUs gpumon knows on the selected nodes (those whose exporter is up).",
             COUNT,
-            Target(f"sum(instance:gpumon_gpus:count{{{INSTANCE}}})"),
+            Target(f"sum{selected_rule('gpus:count')}"),
         ),
         stat(
             "GPUs down",
-            "GPUs known but not answering NVML: lost, fallen off the bus, or hung in a driver call.",
+            "GPUs known on the selected nodes but not answering NVML: lost, fallen off the bus, or hung in a "
+            "driver call. GPUs of exporters that are down are not counted: see Exporters down.",
             COUNT,
-            Target(
-                f"sum(instance:gpumon_gpus:count{{{INSTANCE}}})"
-                f" - sum(instance:gpumon_gpus_up:sum{{{INSTANCE}}})"
-            ),
+            Target(f"sum{selected_rule('gpus:count')} - sum{selected_rule('gpus_up:sum')}"),
             steps=ZERO_IS_GOOD,
         ),
         stat(
@@ -89,7 +99,7 @@ def _overview() -> list[Panel | Row]:
             "GPU power",
             "Power draw of every selected GPU together.",
             WATT,
-            Target(f"sum(instance:gpumon_gpu_power_watts:sum{{{INSTANCE}}})"),
+            Target(f"sum{selected_rule('gpu_power_watts:sum')}"),
         ),
         table(
             "Nodes",
@@ -208,14 +218,14 @@ def _errors() -> list[Panel | Row]:
         ),
         stat(
             "PCIe replays",
-            "PCIe retransmissions per second over every selected GPU.",
+            "PCIe retransmissions per second, summed over every selected GPU.",
             PER_SECOND,
             Target(f"sum(rate(gpumon_gpu_pcie_replays_total{{{NODE}}}[$__rate_interval]))"),
             width=6,
         ),
         stat(
             "Sampling errors",
-            "Failed or hung NVML calls per second over every selected node (0 when none).",
+            "Failed or hung NVML calls per second, summed over every selected node (0 when none).",
             PER_SECOND,
             Target(f"sum(rate(gpumon_errors_total{{{NODE}}}[$__rate_interval])) or vector(0)"),
             width=6,
@@ -234,14 +244,16 @@ def _errors() -> list[Panel | Row]:
         ),
         table(
             "XID errors by node and code",
-            "XID errors since gpumon started, per node and code, with the catalogue's description and "
-            "severity (docs/xid.md). Empty while no GPU has reported an XID.",
+            "XID errors since gpumon started, per node and code, summed over the node's GPUs, with the "
+            "catalogue's description and severity (docs/xid.md; where gpumon versions word a code "
+            "differently, one wording is shown). Empty while no GPU has reported an XID.",
             COUNT,
             Target(
                 f"sum by (node, instance, xid) (gpumon_gpu_xid_errors_total{{{NODE}}}"
                 f" * on(instance) group_left(node) {NODE_NAMES})"
                 " * on(xid) group_left(description, severity)"
-                f" max by (xid, description, severity) (gpumon_xid_info{{{NODE}}})"
+                # one catalogue entry per code: nodes on different gpumon versions may word it differently
+                f" topk by (xid) (1, max by (xid, description, severity) (gpumon_xid_info{{{NODE}}}))"
             ),
             columns={"Value": ("errors", COUNT)},
         ),
@@ -262,15 +274,20 @@ def _errors() -> list[Panel | Row]:
 
 def _jobs() -> list[Panel | Row]:
     def job(name: str) -> Target:
-        # the same labels in every query (job_name only), so the table merges them into one row per job
-        return Target(f"max by (job_name) (job_name:gpumon_training_{name})")
+        # the same labels in every query (job_name only), so the table merges them into one row per job;
+        # jobs with a rank on the selected nodes, their figures over all their nodes
+        return Target(
+            f"max by (job_name) (job_name:gpumon_training_{name}"
+            f" and on(job_name) gpumon_training_rank_info{{{NODE}}})"
+        )
 
     return [
         Row("Training jobs"),
         table(
             "Training jobs",
-            "Every job reporting to gpumon across the fleet: tokens/s, GPUs, MFU, step time, throughput "
-            "against its baseline and scaling efficiency. Open the training dashboard for one job.",
+            "Every job with a rank on the selected nodes, with its figures over all its nodes: tokens/s, "
+            "GPUs, MFU, mean step time over its ranks, throughput against its baseline and scaling "
+            "efficiency. Open the training dashboard for one job.",
             COUNT,
             job("tokens_per_second:sum"),
             job("gpus:count"),

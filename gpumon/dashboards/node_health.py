@@ -35,7 +35,8 @@ def errors_and_processes() -> list[Panel | Row]:
         Row("Errors and XID"),
         timeseries(
             "NVML events",
-            "NVML events per second by type (xid, ecc_single_bit, ecc_double_bit, page_retirement, ...).",
+            "NVML events per second by node and type (xid, ecc_single_bit, ecc_double_bit, "
+            "page_retirement, ...), summed over the node's selected GPUs.",
             PER_SECOND,
             Target(
                 f"sum by (instance, event) (rate(gpumon_gpu_events_total{{{GPU}}}[$__rate_interval]))",
@@ -50,7 +51,10 @@ def errors_and_processes() -> list[Panel | Row]:
             Target(
                 f"sum by (instance, gpu, xid) (gpumon_gpu_xid_errors_total{{{GPU}}})"
                 " * on(instance, xid) group_left(description, severity, action)"
-                f" max by (instance, xid, description, severity, action) (gpumon_xid_info{{{NODE}}})"
+                # one catalogue entry per node and code, even while two gpumon versions overlap (an
+                # instance scraped by two jobs, an upgrade that rewords a code)
+                " topk by (instance, xid) (1,"
+                f" max by (instance, xid, description, severity, action) (gpumon_xid_info{{{NODE}}}))"
             ),
             columns={"Value": ("errors", COUNT)},
         ),
@@ -74,8 +78,8 @@ def errors_and_processes() -> list[Panel | Row]:
         ),
         timeseries(
             "Sampling errors",
-            "Failed NVML calls per second by call and error (deadline_exceeded: a call hung past the "
-            "deadline). 0 when every call succeeds.",
+            "Failed NVML calls per second by node, call and error (deadline_exceeded: a call hung past "
+            "the deadline). 0 when every call succeeds.",
             PER_SECOND,
             Target(
                 f"sum by (instance, op, error) (rate(gpumon_errors_total{{{NODE}}}[$__rate_interval]))"
@@ -173,7 +177,8 @@ def profiling_and_host() -> list[Panel | Row]:
         ),
         timeseries(
             "Profiled link traffic",
-            "NVLink and PCIe bytes per second as the profiler measured them, per node.",
+            "NVLink and PCIe bytes per second as the profiler measured them, summed over each node's "
+            "selected GPUs.",
             BYTES_PER_S,
             *[
                 Target(

@@ -187,15 +187,17 @@ def heatmap(
     target: Target,
     *,
     calculate_step: str | None = None,
+    cell_unit: str = COUNT,
     width: int = 24,
     height: int = 9,
 ) -> Panel:
     """A heatmap of Prometheus histogram buckets (``format: heatmap``), or, with ``calculate_step``, one
-    Grafana buckets itself from plain series (y buckets of that size)."""
+    Grafana buckets itself from plain series (y buckets of that size). ``unit`` is the y axis's (the
+    bucket bounds), ``cell_unit`` the unit of a cell's value (what the query returns per bucket)."""
     options: JSON = {
         "calculate": calculate_step is not None,
         "cellGap": 1,
-        "cellValues": {"unit": COUNT},
+        "cellValues": {"unit": cell_unit},
         "color": {
             "exponent": 0.5,
             "fill": "dark-orange",

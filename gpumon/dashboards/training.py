@@ -13,6 +13,7 @@ from gpumon.dashboards.panels import (
     FLOPS,
     HIGHER_IS_BETTER,
     NONE,
+    PER_SECOND,
     RATIO,
     SECONDS,
     dashed,
@@ -21,7 +22,7 @@ from gpumon.dashboards.panels import (
     table,
     timeseries,
 )
-from gpumon.dashboards.training_ranks import RAW, diagnosis, rule, stragglers
+from gpumon.dashboards.training_ranks import JOB, RAW, diagnosis, rule, stragglers
 from gpumon.dashboards.variables import common_variables, query_variable
 
 UID = "gpumon-training"
@@ -45,7 +46,7 @@ def _overview() -> list[Panel | Row]:
         ),
         stat(
             "GPUs",
-            "GPUs the job runs on across its nodes.",
+            "GPUs the job runs on across its nodes (each MIG device counts as one).",
             COUNT,
             Target(rule("gpus:count"), "{{job_name}}"),
         ),
@@ -106,9 +107,13 @@ def _throughput() -> list[Panel | Row]:
         ),
         timeseries(
             "Tokens/s by node",
-            "Tokens/s of the job's ranks on each node, stacked to the job total.",
+            "Tokens/s of the job's ranks on each node, stacked: the top is the total of the selected jobs "
+            "on the selected nodes.",
             COUNT,
-            Target(f"gpumon_training_job_tokens_per_second{{{RAW}}}", "{{job_name}} {{instance}}"),
+            Target(
+                f"sum by (job_name, instance) (gpumon_training_job_tokens_per_second{{{RAW}}})",
+                "{{job_name}} {{instance}}",
+            ),
             stack=True,
         ),
         timeseries(
@@ -160,6 +165,10 @@ def _throughput() -> list[Panel | Row]:
 
 
 def _steps() -> list[Panel | Row]:
+    # A node's mean step time over its ranks; the slowest node is the highest of these. No instance_job_name
+    # rule holds it, so it comes from the per-rank gauge (a job's ranks on every node, like the rules).
+    node_step_time = f"avg by (job_name, instance) (gpumon_training_step_time_seconds{{{JOB}}})"
+
     def quantile(q: float) -> Target:
         expr = f"histogram_quantile({q}, sum by (job_name, le) (rate({STEP_BUCKETS}[$__rate_interval])))"
         return Target(expr, f"p{round(q * 100)} {{{{job_name}}}}")
@@ -168,26 +177,31 @@ def _steps() -> list[Panel | Row]:
         Row("Step time"),
         timeseries(
             "Step time vs baseline",
-            "Mean step time of the job averaged over its nodes, the slowest node's, and the baseline's "
-            "(dashed).",
+            "Mean step time of the job (each rank's mean over the daemon's sliding window, averaged over "
+            "all its ranks on every node), the slowest node's (the highest of the nodes' averages over "
+            "their ranks), and the baseline's (dashed).",
             SECONDS,
             Target(rule("step_time_seconds:avg"), "mean {{job_name}}"),
-            Target(rule("step_time_seconds:max"), "slowest node {{job_name}}"),
+            Target(f"max by (job_name) ({node_step_time})", "slowest node {{job_name}}"),
             Target(baseline("step_time_seconds"), "{{job_name}} baseline"),
             overrides=[dashed(".* baseline")],
         ),
         timeseries(
             "Step duration quantiles",
-            "Median, 90th and 99th percentile of the time between optimizer steps, from the step histogram.",
+            "Median, 90th and 99th percentile of the time between optimizer steps over the rate interval, "
+            "from the step histograms of all the job's ranks on the selected nodes.",
             SECONDS,
             *[quantile(q) for q in (0.5, 0.9, 0.99)],
         ),
         heatmap(
             "Step duration distribution",
-            "How many steps took how long, over time (gpumon_training_step_duration_seconds). A second band "
-            "appearing above the main one is a periodic stall: checkpoints, evaluation, a slow rank.",
+            "Steps per second by how long they took (gpumon_training_step_duration_seconds), over the rate "
+            "interval. Each rank counts its own steps, and the histograms of every selected training job "
+            "and node are summed into one: select a single job to see only its steps. A second band above "
+            "the main one is a periodic stall: checkpoints, evaluation, a slow rank.",
             SECONDS,
-            Target(f"sum by (le) (increase({STEP_BUCKETS}[$__rate_interval]))", "{{le}}", "heatmap"),
+            Target(f"sum by (le) (rate({STEP_BUCKETS}[$__rate_interval]))", "{{le}}", "heatmap"),
+            cell_unit=PER_SECOND,
         ),
     ]
 
