@@ -7,6 +7,7 @@ import logging
 import math
 import os
 import re
+import signal
 import subprocess
 import sys
 import textwrap
@@ -479,6 +480,43 @@ def test_interpreter_exit_sends_the_final_report(server: Server) -> None:
     assert out.returncode == 0, out.stderr
     final = srv.wait_for(lambda b: b["final"], timeout=2)
     assert final["totals"]["tokens"] == 30
+
+
+SIGTERMED = """
+import os, signal, sys, time
+from gpumon.client import Reporter
+r = Reporter(url=sys.argv[1], job="preempted", interval=5)
+for _ in range(3):
+    r.step(tokens=10)
+os.kill(os.getpid(), signal.SIGTERM)
+time.sleep(30)
+"""
+
+
+def test_sigterm_sends_the_final_report_and_still_ends_the_process(server: Server) -> None:
+    """scancel, preemption, torchrun stopping workers: a stopped rank is finished, not lost."""
+    srv = server()
+    out = subprocess.run(
+        [sys.executable, "-c", SIGTERMED, srv.url], capture_output=True, text=True, timeout=30, cwd=ROOT
+    )
+    assert out.returncode == -signal.SIGTERM, out.stderr  # it still dies of the signal
+    final = srv.wait_for(lambda b: b["final"], timeout=2)
+    assert final["totals"]["tokens"] == 30
+
+
+def test_a_programs_own_sigterm_handler_is_left_alone() -> None:
+    code = """
+import signal
+seen = []
+signal.signal(signal.SIGTERM, lambda *a: seen.append(a))
+mine = signal.getsignal(signal.SIGTERM)
+from gpumon.client import Reporter
+Reporter(url="http://127.0.0.1:9", job="j", interval=60)
+assert signal.getsignal(signal.SIGTERM) is mine
+print("kept")
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30, cwd=ROOT)
+    assert out.returncode == 0 and "kept" in out.stdout, out.stderr
 
 
 def test_interpreter_exit_does_not_hang_on_a_slow_daemon(server: Server) -> None:

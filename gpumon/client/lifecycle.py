@@ -1,4 +1,13 @@
-"""Process-wide hooks for the live Reporters: a final report at interpreter exit, silence in forked children.
+"""Process-wide hooks for the live Reporters: a final report at interpreter exit and on SIGTERM, silence in
+forked children.
+
+A process that SIGTERM ends (scancel, a preemption, torchrun stopping its workers, kubectl delete) runs no
+atexit hooks under Python's default handling, so without one its ranks would vanish without a final report
+and the daemon would count them lost, as if they had crashed (gpumon_training_ranks_lost_total pages). The
+handler is installed only where SIGTERM has its default action, from the main thread, so a framework's or
+the program's own handler is never replaced; it sends the final reports (bounded by AT_EXIT_TIMEOUT), then
+restores the default action and re-raises the signal, so the process still dies of SIGTERM as it would
+have.
 
 Standard library only, Python >= 3.9: this module runs inside training processes.
 """
@@ -7,6 +16,8 @@ from __future__ import annotations
 
 import atexit
 import os
+import signal
+import threading
 import time
 import weakref
 from typing import TYPE_CHECKING
@@ -21,8 +32,27 @@ _live: weakref.WeakSet[Reporter] = weakref.WeakSet()
 
 
 def track(reporter: Reporter) -> None:
-    """Close ``reporter`` at interpreter exit and silence it in forked children."""
+    """Close ``reporter`` at interpreter exit or SIGTERM, and silence it in forked children."""
     _live.add(reporter)
+    _hook_sigterm()
+
+
+def _hook_sigterm() -> None:
+    if threading.current_thread() is not threading.main_thread():
+        return  # signal handlers can only be set from the main thread
+    try:
+        if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+            signal.signal(signal.SIGTERM, _on_sigterm)
+    except (ValueError, OSError, AttributeError):  # no SIGTERM on this platform, or an embedded interpreter
+        pass
+
+
+def _on_sigterm(signum: int, frame: object) -> None:
+    try:
+        _close_all()
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def forget(reporter: Reporter) -> None:
