@@ -12,10 +12,12 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -158,6 +160,9 @@ def test_recording_rules_have_unit_tests() -> None:
         "job_name:gpumon_training_tokens_per_joule:ratio",
         "job_name:gpumon_training_gpus:count",
         "job_name:gpumon_training_mfu:ratio",
+        "job_name:gpumon_training_tokens_per_second_per_gpu:median7d",
+        "job_name:gpumon_training_bottleneck:ratio",
+        "instance_gpu_uuid:gpumon_gpu_nvlink_bytes:rate10m",
     ):
         assert name in tested, name
 
@@ -176,6 +181,27 @@ def test_recording_rule_names_follow_level_metric_operations(groups: list[dict[s
         level, metric, ops = name.split(":")
         assert re.fullmatch(r"[a-z]+(_[a-z]+)*", level) and re.fullmatch(r"[a-z0-9_]+", ops), name
         assert metric.startswith("gpumon_"), name
+
+
+def _duration_seconds(text: str) -> float:
+    units = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
+    parts = re.findall(r"(\d+)(ms|[smhdwy])", text)
+    assert parts and "".join(n + u for n, u in parts) == text, text
+    return sum(int(n) * units[u] for n, u in parts)
+
+
+def test_long_ranges_are_only_read_by_slow_groups(groups: list[dict[str, Any]]) -> None:
+    """A range of days reads every sample of those days: only groups evaluated every 5 minutes or less often
+    may select one; the alerts read what those record (GpumonTrainingThroughputBelowTrailingWeek)."""
+    slow = False
+    for group in groups:
+        interval = _duration_seconds(group["interval"]) if "interval" in group else 0
+        for rule in group["rules"]:
+            for rng in re.findall(r"\[(\w+)(?::\w*)?\]", rule["expr"]):
+                if _duration_seconds(rng) > 6 * 3600:
+                    assert interval >= 300, (group["name"], rule.get("record") or rule.get("alert"), rng)
+                    slow = True
+    assert slow, "the 7-day median is computed somewhere"
 
 
 def test_required_alerts_exist(groups: list[dict[str, Any]]) -> None:
@@ -427,14 +453,14 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def alertmanager(tmp_path: Path) -> Iterator[str]:
+def alertmanager(tmp_path: Path, config: Path = AM_CONFIG) -> Iterator[str]:
     # Debian names the binary prometheus-alertmanager, upstream alertmanager
     binary = shutil.which("alertmanager") or require_tool("prometheus-alertmanager")
     url = f"http://127.0.0.1:{_free_port()}"
     proc = subprocess.Popen(
         [
             binary,
-            f"--config.file={AM_CONFIG}",
+            f"--config.file={config}",
             f"--storage.path={tmp_path}",
             f"--web.listen-address={url.removeprefix('http://')}",
             "--cluster.listen-address=",  # no gossip port: a single instance
@@ -495,6 +521,7 @@ def test_alertmanager_inhibitions(tmp_path: Path) -> None:
             "severity": "warning",
         },
         "absent-eu": {"alertname": "GpumonExporterAbsent", "job": "gpumon-eu", "severity": "critical"},
+        "lost-gpt": {"alertname": "GpumonTrainingRanksLost", "job_name": "gpt", "severity": "critical"},
         # targets
         "gpu-down-n1": {
             "alertname": "GpumonGpuDown",
@@ -539,6 +566,12 @@ def test_alertmanager_inhibitions(tmp_path: Path) -> None:
             "job": "gpumon-eu",
             "severity": "warning",
         },
+        "stalled-gpt": {"alertname": "GpumonTrainingJobStalled", "job_name": "gpt", "severity": "critical"},
+        "not-starting-gpt": {
+            "alertname": "GpumonTrainingJobNotStarting",
+            "job_name": "gpt",
+            "severity": "critical",
+        },
         # not inhibited
         "throttled-b1": {
             "alertname": "GpumonGpuThrottled",
@@ -566,7 +599,16 @@ def test_alertmanager_inhibitions(tmp_path: Path) -> None:
             "severity": "critical",
         },
     }
-    inhibited = {"gpu-down-n1", "straggler-n1", "xid-n4", "throttled-b0", "mfu-llama", "library-eu"}
+    inhibited = {
+        "gpu-down-n1",
+        "straggler-n1",
+        "xid-n4",
+        "throttled-b0",
+        "mfu-llama",
+        "library-eu",
+        "stalled-gpt",
+        "not-starting-gpt",
+    }
     with alertmanager(tmp_path) as url:
         body = json.dumps([{"labels": labels} for labels in posted.values()]).encode()
         req = urllib.request.Request(
@@ -581,3 +623,97 @@ def test_alertmanager_inhibitions(tmp_path: Path) -> None:
     for key, labels in posted.items():
         status = by_labels[json.dumps(labels, sort_keys=True)]
         assert bool(status["inhibitedBy"]) == (key in inhibited), (key, status)
+
+
+class _Receiver(ThreadingHTTPServer):
+    """Records the JSON bodies POSTed to it, by path: the Slack and PagerDuty endpoints of the test config."""
+
+    def __init__(self) -> None:
+        self.posts: list[tuple[str, dict[str, Any]]] = []
+        self.lock = threading.Lock()
+        received = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                with received.lock:
+                    received.posts.append((self.path, json.loads(body)))
+                self.send_response(202 if self.path == "/pagerduty" else 200)
+                self.end_headers()
+                self.wfile.write(b"ok")
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        super().__init__(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server_address[1]}"
+
+    def bodies(self, path: str) -> list[dict[str, Any]]:
+        with self.lock:
+            return [body for p, body in self.posts if p == path]
+
+
+def _am_config_to(receiver: str, path: Path) -> Path:
+    """The example config with its receivers' endpoints pointed at `receiver` and its group waits shortened;
+    templates, routes and inhibitions unchanged."""
+    config = yaml.safe_load(AM_CONFIG.read_text())
+    for route in [config["route"], *config["route"]["routes"]]:
+        if "group_wait" in route:
+            route["group_wait"] = "1s"
+    for r in config["receivers"]:
+        for pd in r.get("pagerduty_configs", []):
+            pd["url"] = receiver + "/pagerduty"
+        for slack in r.get("slack_configs", []):
+            slack["api_url"] = receiver + "/slack"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
+def test_alertmanager_notifications_always_have_a_title(tmp_path: Path) -> None:
+    """PagerDuty refuses an event without a summary: a group of alerts with different summaries (two GPUs of a
+    node) must still get a title, in PagerDuty's description and Slack's title alike."""
+    receiver = _Receiver()
+    thread = threading.Thread(target=receiver.serve_forever, daemon=True)
+    thread.start()
+    node, job = {"instance": "n1:9478", "job": "gpumon"}, {"job_name": "llama"}
+    alerts = [
+        # two GPUs of one node: one group, two summaries
+        {
+            "labels": {
+                "alertname": "GpumonGpuXidCritical",
+                **node,
+                "gpu": str(gpu),
+                "uuid": f"GPU-a{gpu}",
+                "xid": "79",
+                "severity": "critical",
+            },
+            "annotations": {"summary": f"XID 79 on GPU {gpu} of n1:9478", "runbook_url": "https://r/#xid"},
+        }
+        for gpu in (0, 1)
+    ] + [
+        # a job-level alert alone in its group: its own summary
+        {
+            "labels": {"alertname": "GpumonTrainingRanksLost", **job, "severity": "critical"},
+            "annotations": {"summary": "Training job llama lost ranks", "runbook_url": "https://r/#lost"},
+        },
+    ]
+    try:
+        with alertmanager(tmp_path, _am_config_to(receiver.url, tmp_path / "am.yml")) as url:
+            req = urllib.request.Request(
+                url + "/api/v2/alerts",
+                data=json.dumps(alerts).encode(),
+                headers={"Content-Type": "application/json"},
+                method="POST",
+            )
+            with urllib.request.urlopen(req, timeout=10) as resp:
+                assert resp.status == 200
+            end = time.monotonic() + 30
+            while len(receiver.bodies("/pagerduty")) < 2 or len(receiver.bodies("/slack")) < 2:
+                assert time.monotonic() < end, receiver.posts
+                time.sleep(0.2)
+    finally:
+        receiver.shutdown()
+        receiver.server_close()
+    expected = {"GpumonGpuXidCritical on n1:9478: 2 alerts", "Training job llama lost ranks"}
+    assert {b["payload"]["summary"] for b in receiver.bodies("/pagerduty")} == expected
+    assert {b["attachments"][0]["title"] for b in receiver.bodies("/slack")} == expected
