@@ -1,0 +1,82 @@
+"""Settings of the simulator: --simulate, --simulate-if-no-gpu, --seed, --sim-fault and --sim-job.
+
+Validated apart from the daemon's own settings because they only exist for simulated GPUs, and the
+simulated training jobs depend on the listen and ingest settings being settled first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from gpumon.config import DEFAULT_SIMULATION, ConfigError, Settings, _text
+from gpumon.gpu.sim import Fault, FaultSpecError, SpecError, parse_spec
+from gpumon.listen import parse_listen
+
+
+def validate_simulation(raw: Mapping[str, Any], s: Settings) -> None:
+    """The simulated GPUs, their seed and faults (s.backend is already set)."""
+    for key in ("simulate", "simulate_if_no_gpu"):
+        if raw.get(key):
+            spec = _text(raw, key)
+            try:
+                parse_spec(spec)
+            except SpecError as exc:
+                raise ConfigError(f"{key.replace('_', '-')}: {exc}") from None
+            setattr(s, key, spec)
+    if s.simulate and s.backend == "nvml":
+        raise ConfigError("--simulate conflicts with --backend nvml: pick one")
+    if s.simulate_if_no_gpu and s.backend != "auto":
+        raise ConfigError("--simulate-if-no-gpu only applies with --backend auto")
+    if "seed" in raw:
+        seed = raw["seed"]
+        if (
+            isinstance(seed, bool)
+            or not isinstance(seed, int | str)
+            or not str(seed).strip().lstrip("-").isdigit()
+        ):
+            raise ConfigError(f"seed: expected an integer, got {seed!r}")
+        s.seed = int(seed)
+    faults = raw.get("sim_faults") or []
+    if isinstance(faults, str):
+        faults = [faults]
+    if not isinstance(faults, list) or not all(isinstance(f, str) for f in faults):
+        raise ConfigError(f"sim_faults: expected a list of fault strings, got {faults!r}")
+    for spec in faults:
+        try:
+            Fault.parse(str(spec))
+        except FaultSpecError as exc:
+            raise ConfigError(f"sim-fault: {exc}") from None
+    s.sim_faults = [str(f) for f in faults]
+    if s.sim_faults and not (s.simulated or s.simulate_if_no_gpu):
+        raise ConfigError("--sim-fault needs simulated GPUs (--simulate SPEC)")
+
+
+def validate_sim_jobs(raw: Mapping[str, Any], s: Settings) -> None:
+    from gpumon.gpu.sim.jobs import parse_jobs
+    from gpumon.training.simjob import check
+
+    jobs = raw.get("sim_jobs") or []
+    jobs = [jobs] if isinstance(jobs, str) else jobs
+    if not isinstance(jobs, list) or not all(isinstance(j, str) for j in jobs):
+        raise ConfigError(f"sim_jobs: expected a list of job specs, got {jobs!r}")
+    if not jobs:
+        return
+    spec = s.simulate or (DEFAULT_SIMULATION if s.backend == "sim" else s.simulate_if_no_gpu)
+    if spec is None:
+        raise ConfigError("--sim-job needs simulated GPUs (--simulate SPEC)")
+    if not s.ingest:
+        raise ConfigError("--sim-job reports to this daemon's ingest: drop --no-ingest")
+    host = parse_listen(s.listen)[0]
+    local = host in ("localhost", "0.0.0.0", "::") or host.startswith(("127.", "::1"))
+    if not (local or s.ingest_socket or s.ingest_allow_remote):
+        raise ConfigError(
+            f"--sim-job ranks report over loopback, which --listen {s.listen} does not serve: listen on "
+            "0.0.0.0 or 127.0.0.1, or add --ingest-socket PATH"
+        )
+    models = parse_spec(spec)
+    try:
+        check(parse_jobs(jobs, len(models)), models)
+    except ValueError as exc:
+        raise ConfigError(f"sim-job: {exc}") from None
+    s.sim_jobs = [j.strip() for j in jobs]
