@@ -48,6 +48,18 @@ def test_a_library_round_trips_through_its_file_with_every_field(tmp_path: Path)
     assert not [p for p in os.listdir(tmp_path / "sub") if p.endswith(".tmp")]
 
 
+def test_a_symlinked_library_is_written_through_and_keeps_its_permissions(tmp_path: Path) -> None:
+    target = tmp_path / "real" / "baselines.toml"
+    target.parent.mkdir()
+    B.save(str(target), B.Library((base(),)))
+    os.chmod(target, 0o640)
+    link = tmp_path / "baselines.toml"
+    link.symlink_to(target)
+    B.save(str(link), B.Library((base(), base("b", B.Key("x", H100, 1, "", ""), tps=5.0))))
+    assert link.is_symlink() and len(B.load(str(target)).baselines) == 2
+    assert oct(os.stat(target).st_mode & 0o777) == "0o640"
+
+
 def test_a_missing_file_is_an_empty_library_and_bad_ones_say_where_and_what(tmp_path: Path) -> None:
     assert B.load(str(tmp_path / "none.toml")).baselines == ()
     entry = "[[baseline]]\nname='a'\nworkload='w'\ngpu_model='g'\ngpus=1\n"

@@ -257,9 +257,15 @@ def load(path: str) -> Library:
 
 
 def save(path: str, lib: Library) -> None:
-    """Replace the file atomically: readers see the old library or the new one, never a torn write."""
-    directory = os.path.dirname(os.path.abspath(path))
+    """Replace the file atomically: readers see the old library or the new one, never a torn write. A
+    symlinked path is written through to its target, and an existing file keeps its permissions."""
+    path = os.path.realpath(path)
+    directory = os.path.dirname(path)
     text = render(lib)
+    try:
+        mode = os.stat(path).st_mode & 0o7777
+    except OSError:
+        mode = 0o644
     parse(tomllib.loads(text), path)  # never write what we could not read back
     try:
         os.makedirs(directory, exist_ok=True)
@@ -269,7 +275,7 @@ def save(path: str, lib: Library) -> None:
                 fh.write(text)
                 fh.flush()
                 os.fsync(fh.fileno())
-            os.chmod(tmp, 0o644)
+            os.chmod(tmp, mode)
             os.replace(tmp, path)
         except BaseException:
             with contextlib.suppress(OSError):
@@ -288,7 +294,8 @@ def save(path: str, lib: Library) -> None:
 def editing(path: str) -> Iterator[list[Library]]:
     """Read-modify-write under an exclusive lock on ``PATH.lock``: yields a one-element list holding the
     current library; whatever library the block leaves in it is saved (unchanged: nothing is written)."""
-    directory = os.path.dirname(os.path.abspath(path))
+    path = os.path.realpath(path)  # one lock per file, however it is reached
+    directory = os.path.dirname(path)
     try:
         os.makedirs(directory, exist_ok=True)
         lock = os.open(path + ".lock", os.O_RDWR | os.O_CREAT, 0o644)
