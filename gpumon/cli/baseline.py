@@ -125,7 +125,10 @@ def _record(path: str, args: argparse.Namespace) -> int:
     warmup = 0.0 if args.warmup.strip() in ("0", "0s", "0m", "0ms") else parse_duration(args.warmup, "warmup")
     url = args.url or default_url()
     job_path(args.job)  # the empty-name check
-    missing = f"the daemon at {url} has no history for job {args.job!r} (gpumon diagnose lists its jobs)"
+    missing = (
+        f"the daemon at {url} has no history for job {args.job!r} yet: it samples every job every 10 s, "
+        "and a baseline needs a few minutes of them (gpumon diagnose lists the jobs it sees)"
+    )
     hist = get_json(url, "/v1/history/" + urllib.parse.quote(args.job, safe=""), missing=missing)
     if hist.get("key") is None:
         raise ConfigError(f"job {args.job!r} cannot be baselined: {hist.get('why_no_key') or 'no key'}")
