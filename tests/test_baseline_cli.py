@@ -38,9 +38,8 @@ class Node:
     def __init__(self, sampler, library: str) -> None:
         store = JobStore(max_jobs=4, max_ranks=8, ttl=600.0, window=2.0)
         analysis = Analysis(store, lambda: sampler.snapshot)
-        self.training = Training(
-            analysis, IngestStats(), IngestPolicy(), LibraryWatch(library), JobHistory(interval=0.2)
-        )
+        history = JobHistory(interval=0.2, node="node-a")
+        self.training = Training(analysis, IngestStats(), IngestPolicy(), LibraryWatch(library), history)
         sampler.listeners.append(self.training.observe)
         sampler.start()
         sock = bind("127.0.0.1:0")
@@ -110,6 +109,7 @@ def test_record_compare_and_manage_a_baseline_end_to_end(node: Node, tmp_path: P
     assert b.figures.step_time_seconds == pytest.approx(STEP, rel=0.1)
     assert b.figures.mfu == pytest.approx(TOKENS / STEP * 6e9 / 989.5e12, rel=0.1)
     assert b.job_name == "llm" and b.note == "first" and b.intervals and b.intervals >= 3
+    assert b.node == "node-a"
     assert b.recorded_by and b.recorded_at and "record --job llm" in b.source
 
     again = gpumon(node, "record", "--job", "llm", "--window", "10s", "--warmup", "0s")
@@ -132,6 +132,9 @@ def test_record_compare_and_manage_a_baseline_end_to_end(node: Node, tmp_path: P
     # without --baselines, the CLI works on the library the local daemon reads, whatever its own default
     env = {"GPUMON_URL": node.url, "HOME": str(tmp_path), "XDG_DATA_HOME": str(tmp_path)}
     implicit = run_gpumon("baseline", "list", env=env)
+    assert implicit.returncode == 0 and b.name in implicit.stdout
+    env.pop("GPUMON_URL")
+    implicit = run_gpumon("baseline", "list", "--url", node.url, env=env)
     assert implicit.returncode == 0 and b.name in implicit.stdout
     shown = json.loads(gpumon(node, "show", b.name, "--json").stdout)
     assert shown["job_name"] == "llm" and shown["gpus"] == 1

@@ -34,6 +34,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     # accepted after the action too; SUPPRESS keeps an absent one from hiding the one given before it
     where = argparse.ArgumentParser(add_help=False)
     where.add_argument("--baselines", metavar="PATH", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    where.add_argument(
+        "--url",
+        metavar="URL",
+        help="the daemon, http:// or unix:// (default $GPUMON_URL or http://127.0.0.1:9478): the one record "
+        "and compare ask, and the local one whose library is used when --baselines is not given",
+    )
     sub = p.add_subparsers(dest="action", metavar="ACTION", parser_class=type(p))
     sub.required = True
 
@@ -51,9 +57,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     r.add_argument("--name", metavar="NAME", help="default: workload/GPU/xN/dtype")
     r.add_argument("--note", default="", metavar="TEXT", help="free text stored with the baseline")
-    r.add_argument("--replace", action="store_true", help="overwrite a baseline with the same name or key")
+    r.add_argument("--replace", action="store_true", help="overwrite the baseline recorded for the same key")
     r.add_argument("--dry-run", action="store_true", help="print what would be stored; write nothing")
-    _url(r)
     ls = action("list", "every baseline, one line each")
     ls.add_argument("--json", action="store_true")
     s = action("show", "one baseline with who recorded it, when and how")
@@ -62,27 +67,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     c = action("compare", "a running job now against its baseline, as the daemon sees it")
     c.add_argument("--job", required=True, metavar="NAME")
     c.add_argument("--json", action="store_true")
-    _url(c)
     d = action("delete", "remove baselines by name")
     d.add_argument("names", nargs="+", metavar="NAME")
     i = action("import", "add the baselines of another library file")
     i.add_argument("file", metavar="FILE")
-    i.add_argument("--replace", action="store_true", help="overwrite entries with the same name or key")
+    i.add_argument("--replace", action="store_true", help="overwrite entries recorded for the same keys")
     e = action("export", "write baselines (all, or those named) as a library file")
     e.add_argument("names", nargs="*", metavar="NAME")
     e.add_argument("-o", "--output", metavar="FILE", help="default: standard output")
 
 
-def _url(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--url",
-        metavar="URL",
-        help="the daemon, http:// or unix:// (default $GPUMON_URL or http://127.0.0.1:9478)",
-    )
-
-
 def run(settings: Settings, args: argparse.Namespace) -> int:
-    path = _library_path(settings, getattr(args, "url", None) or default_url())
+    path = _library_path(settings, args.url or default_url())
     action = {
         "record": _record,
         "list": _list,
@@ -146,7 +142,7 @@ def _record(path: str, args: argparse.Namespace) -> int:
         recorded_by=f"{_user()}@{socket.gethostname()}",
         source=f"gpumon baseline record --job {args.job} --window {args.window} --warmup {args.warmup}",
         job_name=args.job,
-        node=urllib.parse.urlsplit(url).netloc or url,
+        node=str(hist.get("node") or urllib.parse.urlsplit(url).netloc or url),
         window_seconds=round(st.seconds, 3),
         intervals=st.intervals,
         method=method(float(hist.get("interval_seconds", 10.0))),

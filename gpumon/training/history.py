@@ -47,9 +47,10 @@ class Context:
 
 
 class JobHistory:
-    def __init__(self, interval: float = INTERVAL, keep: float = KEEP) -> None:
+    def __init__(self, interval: float = INTERVAL, keep: float = KEEP, node: str = "") -> None:
         self.interval = interval
         self.keep = keep
+        self.node = node  # named in the document, so a baseline says which node it was recorded on
         self._samples: dict[str, deque[Sample]] = {}
         self._context: dict[str, Context] = {}
         self._last = float("-inf")  # monotonic: a wall-clock step must not stop (or flood) the sampling
@@ -102,6 +103,7 @@ class JobHistory:
             samples = [s for s in samples if s.time >= samples[-1].time - window]
         return {
             "job": job,
+            "node": self.node,
             "interval_seconds": self.interval,
             "key": None if ctx.key is None else asdict(ctx.key),
             "why_no_key": ctx.why_no_key,

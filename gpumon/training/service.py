@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from gpumon.config import Settings
+from gpumon.gpu.compat_dcgm import node_hostname
 from gpumon.gpu.snapshot import Snapshot
 from gpumon.training.analysis import Analysis
 from gpumon.training.api import IngestPolicy
@@ -48,4 +49,5 @@ def from_settings(settings: Settings, source: Callable[[], Snapshot | None]) -> 
         store, source, thresholds=Thresholds(**settings.thresholds), peak_override=settings.peak_tflops
     )
     policy = IngestPolicy(token=settings.ingest_token, allow_remote=settings.ingest_allow_remote)
-    return Training(analysis, IngestStats(), policy, LibraryWatch(settings.baselines), JobHistory())
+    history = JobHistory(node=settings.node_name or node_hostname())
+    return Training(analysis, IngestStats(), policy, LibraryWatch(settings.baselines), history)
