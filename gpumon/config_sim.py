@@ -11,7 +11,7 @@ from typing import Any
 
 from gpumon.config import DEFAULT_SIMULATION, ConfigError, Settings, _text
 from gpumon.gpu.sim import Fault, FaultSpecError, SpecError, parse_spec
-from gpumon.listen import parse_listen
+from gpumon.listen import is_loopback, parse_listen
 
 
 def validate_simulation(raw: Mapping[str, Any], s: Settings) -> None:
@@ -68,7 +68,7 @@ def validate_sim_jobs(raw: Mapping[str, Any], s: Settings) -> None:
     if not s.ingest:
         raise ConfigError("--sim-job reports to this daemon's ingest: drop --no-ingest")
     host = parse_listen(s.listen)[0]
-    local = host in ("localhost", "0.0.0.0", "::") or host.startswith(("127.", "::1"))
+    local = is_loopback(host) or host in ("0.0.0.0", "::")  # the unspecified addresses include loopback
     if not (local or s.ingest_socket or s.ingest_allow_remote):
         raise ConfigError(
             f"--sim-job ranks report over loopback, which --listen {s.listen} does not serve: listen on "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import ipaddress
 import os
 import socket
 import stat
@@ -10,6 +11,18 @@ import stat
 
 class ListenError(Exception):
     pass
+
+
+def is_loopback(host: str) -> bool:
+    """``localhost`` or a loopback address (IPv4, IPv6, or IPv4 mapped into IPv6); names are not resolved."""
+    if host == "localhost":
+        return True
+    try:
+        addr = ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return False
+    mapped = getattr(addr, "ipv4_mapped", None)
+    return addr.is_loopback or bool(mapped and mapped.is_loopback)
 
 
 def parse_listen(text: str) -> tuple[str, int]:

@@ -8,6 +8,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -126,6 +127,13 @@ def start_daemon(*args: str, ready: bool = True, log_file: Path | None = None) -
     if ready:
         d.wait_ready()
     return d
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def gpumon_cmd(*args: str) -> list[str]:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import subprocess
 import threading
 import time
@@ -22,12 +21,6 @@ import httpx
 from helpers import require_tool
 
 ALERTMANAGER_BINARIES = ("prometheus-alertmanager", "alertmanager")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def alertmanager_binary() -> str:

@@ -15,7 +15,7 @@ from reports import report
 from gpumon.training import baselines as B
 from gpumon.training.analysis import Analysis
 from gpumon.training.collector import IngestStats, TrainingCollector
-from gpumon.training.jobfigures import baseline_json, job_figures
+from gpumon.training.jobfigures import against, baseline_json, job_figures
 from gpumon.training.library_watch import LibraryWatch
 from gpumon.training.report import parse
 from gpumon.training.steady import MIN_INTERVALS, NotSteady, steady
@@ -318,7 +318,7 @@ def test_the_daemon_exposes_the_matching_baseline_and_the_ratios(snap, tmp_path:
     )
     assert f["gpumon_training_baseline_library_entries"][0].value == 2
     assert f["gpumon_training_baseline_library_ok"][0].value == 1
-    doc = baseline_json(j, B.load(path))
+    doc = baseline_json(against(j, B.load(path)))
     assert doc["baseline"]["name"] == "two" and doc["ratios"]["tokens_per_second_per_gpu"] == pytest.approx(
         0.8
     )

@@ -18,7 +18,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from test_client_transport import RecordingServer, free_port
+from helpers import free_port
+from test_client_transport import RecordingServer
 
 from gpumon.client import NULL_PHASE, Reporter
 from gpumon.client import phases as phases_module

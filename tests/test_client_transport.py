@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import free_port
 
 from gpumon.client import Reporter
 from gpumon.client.protocol import PATH
@@ -137,12 +138,6 @@ def server() -> Iterator[Callable[..., RecordingServer]]:
     for srv in started:
         srv.sleep = 0.0
         srv.stop()
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def test_posts_reuse_one_keepalive_connection(server: Callable[..., RecordingServer]) -> None:

@@ -220,3 +220,24 @@ def test_sim_jobs_from_flags_env_and_file(tmp_path: Path) -> None:
 def test_bad_sim_jobs_say_what_to_fix(given, message) -> None:
     with pytest.raises(ConfigError, match=message):
         resolve(given, env={})
+
+
+@pytest.mark.parametrize(
+    ("host", "loopback"),
+    [
+        ("localhost", True),
+        ("127.0.0.1", True),
+        ("127.3.2.1", True),
+        ("::1", True),
+        ("[::1]", True),
+        ("::ffff:127.0.0.1", True),
+        ("::10", False),
+        ("0.0.0.0", False),
+        ("10.1.2.3", False),
+        ("gpu-node-1", False),
+    ],
+)
+def test_loopback_hosts(host: str, loopback: bool) -> None:
+    from gpumon.listen import is_loopback
+
+    assert is_loopback(host) is loopback

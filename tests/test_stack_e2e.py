@@ -22,8 +22,8 @@ from typing import Any
 
 import pytest
 import yaml
-from helpers import ROOT, Daemon, require_tool, run_gpumon, start_daemon
-from stack import Prometheus, Webhook, alertmanager_binary, free_port, start
+from helpers import ROOT, Daemon, free_port, require_tool, run_gpumon, start_daemon
+from stack import Prometheus, Webhook, alertmanager_binary, start
 
 from gpumon import alerting, dashboards
 

@@ -149,6 +149,7 @@ def test_ingest_can_be_turned_off(daemon) -> None:
         (("10.0.0.7", 5), False),
         (("::ffff:10.0.0.7", 5), False),
         (("testclient", 5), False),
+        (("localhost", 5), False),  # a peer is an address, never a name
     ],
 )
 def test_only_loopback_and_the_unix_socket_are_local(client, local) -> None:

@@ -23,6 +23,7 @@ from gpumon import __version__
 from gpumon.cli.baseline_render import comparison, table
 from gpumon.cli.daemon_api import DaemonError, default_url, get_json, job_path
 from gpumon.config import ConfigError, Settings, default_baselines_path, parse_duration
+from gpumon.listen import is_loopback
 from gpumon.training import baselines as B
 from gpumon.training.steady import NotSteady, method, steady
 
@@ -109,10 +110,7 @@ def _library_path(settings: Settings, url: str) -> str:
 
 
 def _local(url: str) -> bool:
-    if url.startswith("unix://"):
-        return True
-    host = urllib.parse.urlsplit(url).hostname or ""
-    return host in ("localhost", "127.0.0.1", "::1") or host.startswith("127.")
+    return url.startswith("unix://") or is_loopback(urllib.parse.urlsplit(url).hostname or "")
 
 
 def _record(path: str, args: argparse.Namespace) -> int:

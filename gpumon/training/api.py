@@ -8,7 +8,6 @@ bounded before they are read whole, so a client cannot make the daemon buffer mo
 from __future__ import annotations
 
 import hmac
-import ipaddress
 import json
 import time
 from collections.abc import Sequence
@@ -20,11 +19,12 @@ from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gpumon.client import protocol as P
+from gpumon.listen import is_loopback
 from gpumon.training import report as reports
 from gpumon.training.analysis import Analysis
 from gpumon.training.collector import IngestStats
 from gpumon.training.history import JobHistory
-from gpumon.training.jobfigures import baseline_json
+from gpumon.training.jobfigures import against, baseline_json
 from gpumon.training.jobjson import job_json
 from gpumon.training.library_watch import LibraryWatch
 from gpumon.training.store import Conflict, LimitExceeded, Stale
@@ -40,12 +40,7 @@ def is_local(client: Sequence[Any] | None) -> bool:
     """Loopback, or no peer address at all (a unix socket)."""
     if client is None or not client[0]:
         return True
-    try:
-        addr = ipaddress.ip_address(str(client[0]))
-    except ValueError:
-        return False
-    mapped = getattr(addr, "ipv4_mapped", None)
-    return addr.is_loopback or bool(mapped and mapped.is_loopback)
+    return is_loopback(str(client[0])) and client[0] != "localhost"  # a peer address, never a name
 
 
 class Ingest:
@@ -175,7 +170,7 @@ def router(
         if found:
             doc = job_json(found[0], analysis.window)
             if library is not None:
-                doc["baseline"] = baseline_json(found[0], library.library())
+                doc["baseline"] = baseline_json(against(found[0], library.library()))
             return JSONResponse(doc)
         return JSONResponse(
             {"detail": f"no job {job!r} reports to this node (GET /v1/jobs lists those that do)"},

@@ -19,7 +19,7 @@ from gpumon.client import protocol as P
 from gpumon.training.analysis import Analysis, JobResult, RankResult
 from gpumon.training.baselines import Library
 from gpumon.training.diagnosis import BOTTLENECKS
-from gpumon.training.jobfigures import compare, job_figures
+from gpumon.training.jobfigures import against
 from gpumon.training.library_watch import LibraryWatch
 
 OUTCOMES = (
@@ -174,9 +174,9 @@ def _add_rank(f: dict[str, Any], r: RankResult) -> None:
 
 
 def _add_baseline(f: dict[str, Any], j: JobResult, lib: Library) -> None:
-    fig = job_figures(j)
-    base = lib.match(fig.key) if fig.key is not None else None
-    if fig.key is None or base is None:
+    a = against(j, lib)
+    base, c = a.baseline, a.ratios
+    if base is None or c is None:
         return
     jl = [j.job]
     k = base.key
@@ -187,10 +187,9 @@ def _add_baseline(f: dict[str, Any], j: JobResult, lib: Library) -> None:
     _opt(f, M.BASELINE_STEP_TIME, jl, b.step_time_seconds)
     _opt(f, M.BASELINE_MFU, jl, b.mfu)
     _opt(f, M.BASELINE_TPJ, jl, b.tokens_per_joule)
-    ref = lib.scaling_reference(fig.key)
+    ref = a.reference
     if ref is not None and ref.figures.tokens_per_second_per_gpu is not None:
         f[M.SCALING_BASELINE.name].add_metric([*jl, str(ref.key.gpus)], ref.figures.tokens_per_second_per_gpu)
-    c = compare(fig.figures, base)
     _opt(f, M.THROUGHPUT_RATIO, jl, c.tokens_per_second_per_gpu)
     _opt(f, M.MFU_RATIO, jl, c.mfu)
     _opt(f, M.STEP_TIME_RATIO, jl, c.step_time_seconds)

@@ -124,17 +124,35 @@ def compare(now: Figures, base: Baseline) -> Comparison:
     )
 
 
-def baseline_json(j: JobResult, lib: Library) -> dict[str, Any]:
-    """The "baseline" part of GET /v1/jobs/{job}: the key, the figures now, the match and the ratios."""
+@dataclass(frozen=True, slots=True)
+class Against:
+    """A job on this node and the library: its figures, the baseline it matches, the scaling reference."""
+
+    figures: JobFigures
+    baseline: Baseline | None
+    reference: Baseline | None  # the fewest-GPU baseline of the same workload, GPU model, dtype, convention
+    ratios: Comparison | None
+
+
+def against(j: JobResult, lib: Library) -> Against:
+    """The one place a job is matched: the exported gauges and GET /v1/jobs/{job} both read this."""
     fig = job_figures(j)
-    base = lib.match(fig.key) if fig.key is not None else None
-    ref = lib.scaling_reference(fig.key) if fig.key is not None else None
+    if fig.key is None:
+        return Against(fig, None, None, None)
+    base = lib.match(fig.key)
+    ratios = None if base is None else compare(fig.figures, base)
+    return Against(fig, base, lib.scaling_reference(fig.key), ratios)
+
+
+def baseline_json(a: Against) -> dict[str, Any]:
+    """The "baseline" part of GET /v1/jobs/{job}: the key, the figures now, the match and the ratios."""
+    fig = a.figures
     return {
         "key": None if fig.key is None else asdict(fig.key),
         "why_no_key": fig.why_no_key,
         "gpus_on_node": fig.gpus_on_node,
         "current": asdict(fig.figures),
-        "baseline": None if base is None else base.to_dict(),
-        "ratios": None if base is None else asdict(compare(fig.figures, base)),
-        "scaling_reference": None if ref is None else ref.name,
+        "baseline": None if a.baseline is None else a.baseline.to_dict(),
+        "ratios": None if a.ratios is None else asdict(a.ratios),
+        "scaling_reference": None if a.reference is None else a.reference.name,
     }
