@@ -80,6 +80,7 @@ class Settings:
     thresholds: dict[str, float] = field(default_factory=dict)  # diagnosis thresholds that differ
     baselines: str = field(default_factory=lambda: default_baselines_path())  # the baseline library file
     node_name: str | None = None  # gpumon_node_info{node}; default: the host name
+    web_config: str | None = None  # exporter-toolkit web-config.yml: TLS, basic auth (gpumon/access/)
 
     @property
     def deadline(self) -> float:
@@ -217,6 +218,8 @@ def _validate_training(raw: Mapping[str, Any], s: Settings) -> None:
 
     if raw.get("baselines"):
         s.baselines = os.path.expanduser(_text(raw, "baselines"))
+    if raw.get("web_config"):
+        s.web_config = os.path.expanduser(_text(raw, "web_config"))
     if raw.get("node_name"):
         s.node_name = _text(raw, "node_name").strip()
         if not s.node_name.isprintable():

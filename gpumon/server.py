@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry, ProcessCollector, generate_late
 from prometheus_client.exposition import choose_encoder
 
 from gpumon import __version__
+from gpumon.access.guard import Access, Guard
 from gpumon.exposition import Renderer
 from gpumon.gpu.collector import SnapshotCollector
 from gpumon.gpu.compat_dcgm import DcgmCompatCollector
@@ -69,12 +70,15 @@ def create_app(
     compat: str | None = None,
     training: Training | None = None,
     node: str | None = None,
+    guard: Guard | None = None,
 ) -> FastAPI:
     registry = build_registry(source, owner_labels=owner_labels, compat=compat, training=training, node=node)
     app = FastAPI(title="gpumon", version=__version__, docs_url=None, redoc_url=None)
     if training is not None:
         app.include_router(training_router(training.analysis, training.library, training.history))
         app.add_middleware(Ingest, analysis=training.analysis, stats=training.stats, policy=training.policy)
+    if guard is not None:  # added last, so outermost: nothing is answered before it has looked
+        app.add_middleware(Access, guard=guard)
 
     renderer = Renderer()
 

@@ -113,7 +113,7 @@ def start_daemon(*args: str, ready: bool = True, log_file: Path | None = None) -
                 if fh is not None:
                     fh.write(line)
                     fh.flush()
-                m = re.search(r"listening on (http://[\d.]+:\d+)/metrics", line)
+                m = re.search(r"listening on (https?://[\d.]+:\d+)/metrics", line)
                 if m and not url:
                     url.append(m.group(1))
                     found.set()

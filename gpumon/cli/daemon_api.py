@@ -1,11 +1,13 @@
 """Reading a running daemon's JSON API from the CLI (diagnose, estimate --job): stdlib, one-line errors.
 
 The daemon is found where the SDK reports to: ``http://``, ``https://`` or ``unix:///path`` (the daemon's
-``--ingest-socket``), the same URL forms as ``GPUMON_URL``.
+``--ingest-socket``), the same URL forms as ``GPUMON_URL``; ``https://user:password@host:port`` for a daemon
+with basic auth (the certificate is checked against the system's CAs, or ``SSL_CERT_FILE``).
 """
 
 from __future__ import annotations
 
+import base64
 import http.client
 import json
 import os
@@ -52,10 +54,10 @@ def _connection(base: str, timeout: float) -> tuple[http.client.HTTPConnection, 
 
 def get_json(base: str, path: str, *, timeout: float = 5.0, missing: str | None = None) -> dict[str, Any]:
     """GET ``path`` from the daemon at ``base`` as a JSON object. ``missing``: the message for a 404."""
-    where = check_url(base).rstrip("/") + path
+    where = _without_password(check_url(base).rstrip("/")) + path
     conn, prefix = _connection(base, timeout)
     try:
-        conn.request("GET", prefix + path, headers={"Accept": "application/json"})
+        conn.request("GET", prefix + path, headers={"Accept": "application/json", **_credentials(base)})
         response = conn.getresponse()
         body = response.read(MAX_ANSWER_BYTES)
     except (OSError, http.client.HTTPException) as exc:
@@ -64,8 +66,13 @@ def get_json(base: str, path: str, *, timeout: float = 5.0, missing: str | None 
         ) from None
     finally:
         conn.close()
+    if response.status == 401:
+        raise DaemonError(
+            f"the daemon at {where} requires basic auth (its --web-config): pass --url "
+            "https://USER:PASSWORD@HOST:PORT, or use its unix socket (--url unix:///PATH)"
+        )
     if response.status == 404:
-        raise NotFound(missing or f"the daemon at {base} knows no {path}")
+        raise NotFound(missing or f"the daemon at {_without_password(base)} knows no {path}")
     if response.status != 200:
         raise DaemonError(f"the daemon answered {where} with HTTP {response.status} {response.reason}")
     try:
@@ -75,6 +82,23 @@ def get_json(base: str, path: str, *, timeout: float = 5.0, missing: str | None 
     if not isinstance(data, dict):
         raise DaemonError(f"the daemon answered {where} with JSON that is not an object")
     return data
+
+
+def _credentials(base: str) -> dict[str, str]:
+    """Basic auth from the URL's user info (``https://user:password@host:9478``), as curl and browsers do."""
+    parts = urllib.parse.urlsplit(base)
+    if parts.username is None:
+        return {}
+    pair = f"{urllib.parse.unquote(parts.username)}:{urllib.parse.unquote(parts.password or '')}"
+    return {"Authorization": "Basic " + base64.b64encode(pair.encode()).decode()}
+
+
+def _without_password(url: str) -> str:
+    parts = urllib.parse.urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(":" + parts.password + "@", ":***@", 1)
+    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
 
 
 def job_path(job: str) -> str:

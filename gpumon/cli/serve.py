@@ -10,11 +10,12 @@ import logging
 import os
 import signal
 import sys
+from socket import AF_UNIX
 from typing import TYPE_CHECKING
 
 from gpumon import __version__
 from gpumon.cli.common import open_sampler
-from gpumon.config import DEFAULT_PORT, Settings
+from gpumon.config import DEFAULT_PORT, ConfigError, Settings
 from gpumon.gpu.compat_dcgm import node_hostname
 from gpumon.gpu.sampler import Sampler
 from gpumon.gpu.sim import SimNvml
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
 
     import uvicorn
 
+    from gpumon.access.guard import Guard
     from gpumon.training.simjob import SimTraining
 
 log = logging.getLogger("gpumon")
@@ -38,6 +40,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help=f"address to serve on (default 0.0.0.0:{DEFAULT_PORT}; port 0 picks a free one)",
     )
     p.add_argument("--interval", metavar="DURATION", help="time between sampling sweeps (default 1s)")
+    p.add_argument(
+        "--web-config",
+        metavar="PATH",
+        help="TLS and basic auth for the listener: an exporter-toolkit web-config.yml (docs/deploy.md)",
+    )
     p.add_argument(
         "--node-name",
         metavar="NAME",
@@ -93,6 +100,8 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
     sys.setswitchinterval(0.001)
     from gpumon.training.service import from_settings
 
+    guard = _access(settings)  # first of all: a bad web config or certificate is a configuration error
+    tls = guard is not None and guard.ssl_context is not None
     sock = bind(settings.listen)  # first: a busy port should fail before NVML takes seconds to start
     sockets = [sock]
     unix_path = settings.ingest_socket if settings.ingest else None
@@ -119,16 +128,18 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
         compat=settings.compat,
         training=training,
         node=settings.node_name or node_hostname(),
+        guard=guard,
     )
     sampler.start()
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
     log.info(
-        "gpumon %s: %d GPU(s) via %s, sampling every %gs; listening on http://%s:%d/metrics",
+        "gpumon %s: %d GPU(s) via %s, sampling every %gs; listening on %s://%s:%d/metrics",
         __version__,
         sampler.gpu_count(),
         backend,
         settings.interval,
+        "https" if tls else "http",
         shown,
         port,
     )
@@ -144,6 +155,16 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
             f" and unix:{settings.ingest_socket}" if settings.ingest_socket else "",
             " with a bearer token" if settings.ingest_token else "",
         )
+    if tls and settings.ingest and not settings.ingest_socket:
+        log.warning(
+            "the listener serves TLS, so SDK reports over loopback need GPUMON_URL=https://… and a trusted "
+            "certificate; give --ingest-socket and point the SDK at unix://PATH instead"
+        )
+    if guard is not None and guard.config.users:
+        log.info(
+            "basic auth required for %d user(s) (/healthz, /readyz and SDK reports are exempt)",
+            len(guard.config.users),
+        )
     if backend == "sim":
         log.warning(
             'these are SIMULATED GPUs: every number served is made up (gpumon_build_info{backend="sim"})'
@@ -151,12 +172,14 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
     config = uvicorn.Config(
         app, log_config=None, access_log=False, lifespan="off", timeout_graceful_shutdown=3
     )
+    config.load()
+    config.ssl = guard.ssl_context if guard is not None else None  # TCP only: see _server
     sim_training = _sim_training(sampler, settings, sock)
     # uvicorn handles SIGTERM while serving, then restores the previous handler and raises the signal again;
     # with the default handler that would kill the process before the sampler and NVML are shut down
     previous = signal.signal(signal.SIGTERM, _stop_requested)
     try:
-        _server(config, sim_training).run(sockets=sockets)
+        _server(config, sim_training, guard).run(sockets=sockets)
     finally:
         signal.signal(signal.SIGTERM, previous)
         if sim_training is not None:
@@ -169,6 +192,25 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
                 os.unlink(unix_path)
     log.info("gpumon stopped")
     return 0
+
+
+def _access(settings: Settings) -> Guard | None:
+    if not settings.web_config:
+        return None
+    from gpumon.access import webconfig
+    from gpumon.access.guard import Guard
+    from gpumon.access.tls import server_context
+
+    web = webconfig.load(settings.web_config)
+    ctx = server_context(web.tls, f"web config {web.path}: tls_server_config") if web.tls else None
+    if ctx is not None and settings.sim_jobs and not settings.ingest_socket:
+        raise ConfigError(
+            "--sim-job with a TLS listener needs --ingest-socket: the simulated ranks report over the unix "
+            "socket, not over TLS"
+        )
+    if not web.http2:
+        log.debug("http_server_config.http2: false (gpumon serves HTTP/1.1 in any case)")
+    return Guard(web, ctx)
 
 
 def _sim_training(sampler: Sampler, settings: Settings, sock: socket.socket) -> SimTraining | None:
@@ -192,18 +234,38 @@ def _sim_training(sampler: Sampler, settings: Settings, sock: socket.socket) -> 
     return SimTraining(sim, url, settings.ingest_token)
 
 
-def _server(config: uvicorn.Config, sim_training: SimTraining | None) -> uvicorn.Server:
+def _server(config: uvicorn.Config, sim_training: SimTraining | None, guard: Guard | None) -> uvicorn.Server:
     """A uvicorn server that starts the simulated ranks once it accepts their reports, and closes them (their
     final reports included) while it still does."""
     import uvicorn
 
     class Server(uvicorn.Server):
         async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-            await super().startup(sockets=sockets)
-            if self.started and sim_training is not None:
+            # uvicorn would put TLS (config.ssl) on every socket; the unix ingest socket stays plain HTTP,
+            # since the SDK in a training process has no certificate to trust and the file mode guards it
+            tcp = [s for s in sockets or [] if s.family != AF_UNIX]
+            await super().startup(sockets=tcp)
+            if not self.started:
+                return
+            loop = asyncio.get_running_loop()
+            for sock in sockets or []:
+                if sock.family == AF_UNIX:
+                    server = await loop.create_server(self._protocol, sock=sock, backlog=self.config.backlog)
+                    self.servers.append(server)
+            if guard is not None:
+                self._watch = asyncio.create_task(guard.watch())
+            if sim_training is not None:
                 sim_training.start()
 
+        def _protocol(self) -> asyncio.Protocol:
+            return self.config.http_protocol_class(  # type: ignore[call-arg]
+                config=self.config, server_state=self.server_state, app_state=self.lifespan.state
+            )
+
         async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+            watch = getattr(self, "_watch", None)
+            if watch is not None:
+                watch.cancel()
             if sim_training is not None:
                 # in a thread: the final reports are answered by this very event loop
                 await asyncio.to_thread(sim_training.stop)
