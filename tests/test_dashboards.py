@@ -26,6 +26,7 @@ from gpumon.dashboards import (
     variable_queries,
 )
 from gpumon.dashboards.__main__ import main
+from gpumon.dashboards.configmaps import CONFIGMAPS_FILE, render_configmaps
 from gpumon.metrics import BY_NAME
 
 DASHBOARD_DIR = ROOT / "grafana" / "dashboards"
@@ -91,19 +92,32 @@ def test_committed_json_is_what_the_code_generates() -> None:
         assert path.read_text() == text, (
             f"{path} drifted from gpumon/dashboards: run python -m gpumon.dashboards"
         )
+    # and the Kubernetes ConfigMaps made of them (deploy/kubernetes/base/dashboards.yaml, the default)
+    assert CONFIGMAPS_FILE.read_text() == render_configmaps(rendered())
     assert main(["--check", "--dir", str(DASHBOARD_DIR)]) == 0
 
 
 def test_check_reports_drift_and_generation_fixes_it(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main(["--check", "--dir", str(tmp_path)]) == 1  # nothing written yet
-    assert main(["--dir", str(tmp_path)]) == 0
-    assert main(["--check", "--dir", str(tmp_path)]) == 0
-    edited = tmp_path / "gpumon-node.json"
+    where = ["--dir", str(tmp_path / "json"), "--configmaps", str(tmp_path / "dashboards.yaml")]
+    assert main(["--check", *where]) == 1  # nothing written yet
+    assert not (tmp_path / "json").exists() and not (tmp_path / "dashboards.yaml").exists()
+    assert main(where) == 0
+    assert main(["--check", *where]) == 0
+    capsys.readouterr()
+    edited = tmp_path / "json" / "gpumon-node.json"
     edited.write_text(edited.read_text().replace("GPU utilisation", "GPU usage"))
-    assert main(["--check", "--dir", str(tmp_path)]) == 1
-    assert "gpumon-node.json" in capsys.readouterr().err
+    assert main(["--check", *where]) == 1
+    err = capsys.readouterr().err
+    assert "gpumon-node.json" in err and "dashboards.yaml" not in err
+    # the ConfigMap manifest is checked too, and regenerated
+    assert main(where) == 0
+    manifest = tmp_path / "dashboards.yaml"
+    manifest.write_text(manifest.read_text().replace("grafana_dashboard", "grafana_dashbord"))
+    assert main(["--check", *where]) == 1
+    assert "dashboards.yaml" in capsys.readouterr().err
+    assert main(where) == 0 and main(["--check", *where]) == 0
 
 
 def test_output_is_deterministic_with_a_trailing_newline() -> None:

@@ -1,10 +1,10 @@
 """gpumon's Prometheus rules as data: load them, shorten their timers for tests, render the PrometheusRule.
 
 The hand-written files in ``alerts/`` are the source of truth. This package reads them and renders
-``deploy/kubernetes/prometheusrule.yaml`` (``python -m gpumon.alerting``; ``--check`` fails on drift), so the
-Kubernetes copy can never be edited apart from them. It is a development and operations tool for a checkout
-of the repository: the daemon never imports it, and PyYAML (a test dependency) is imported only when a
-function here needs it.
+``deploy/kubernetes/base/prometheusrule.yaml`` (``python -m gpumon.alerting``; ``--check`` fails on drift),
+so the Kubernetes copy can never be edited apart from them. It is a development and operations tool for a
+checkout of the repository: the daemon never imports it, and PyYAML is imported only when a function here
+needs it.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 ALERTS_DIR = ROOT / "alerts"
 # Recording rules first: an evaluation of alerts should find the series they read already recorded.
 RULE_FILES = (ALERTS_DIR / "recording.rules.yml", ALERTS_DIR / "alerting.rules.yml")
-PROMETHEUS_RULE = ROOT / "deploy" / "kubernetes" / "prometheusrule.yaml"
+PROMETHEUS_RULE = ROOT / "deploy" / "kubernetes" / "base" / "prometheusrule.yaml"
 # Every alert's runbook_url is this plus "#" and the anchor of its section (the lower-cased alert name).
 RUNBOOK_BASE = "https://github.com/gpumon/gpumon/blob/main/docs/runbooks.md"
 
@@ -150,7 +150,7 @@ def prometheus_rule(groups: list[Group] | None = None) -> dict[str, Any]:
 
 
 def render_prometheus_rule(groups: list[Group] | None = None) -> str:
-    """The text of deploy/kubernetes/prometheusrule.yaml."""
+    """The text of deploy/kubernetes/base/prometheusrule.yaml."""
     return _HEADER + dump(prometheus_rule(groups))
 
 

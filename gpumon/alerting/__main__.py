@@ -1,5 +1,5 @@
-"""``python -m gpumon.alerting [--check]``: write deploy/kubernetes/prometheusrule.yaml from alerts/, or (with
---check) exit 1 when the committed copy differs from what the rule files render."""
+"""``python -m gpumon.alerting [--check]``: write deploy/kubernetes/base/prometheusrule.yaml from alerts/, or
+(with --check) exit 1 when the committed copy differs from what the rule files render."""
 
 from __future__ import annotations
 

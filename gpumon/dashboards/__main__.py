@@ -1,4 +1,6 @@
-"""``python -m gpumon.dashboards [--check] [--dir grafana/dashboards]``, run from the repository root."""
+"""``python -m gpumon.dashboards [--check] [--dir grafana/dashboards] [--configmaps FILE]``, run from the
+repository root: writes the dashboards' JSON and the Kubernetes ConfigMaps made of it
+(deploy/kubernetes/base/dashboards.yaml)."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ import sys
 from pathlib import Path
 
 from gpumon.dashboards import rendered
+from gpumon.dashboards.configmaps import CONFIGMAPS_FILE, ConfigMapTooLarge, render_configmaps
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -15,26 +18,38 @@ def main(argv: list[str] | None = None) -> int:
         "--dir", type=Path, default=Path("grafana/dashboards"), help="where the JSON files live"
     )
     parser.add_argument(
+        "--configmaps",
+        type=Path,
+        default=CONFIGMAPS_FILE,
+        help="the ConfigMaps for the Grafana sidecar (default: deploy/kubernetes/base/dashboards.yaml)",
+    )
+    parser.add_argument(
         "--check", action="store_true", help="write nothing; exit 1 if a committed file differs from the code"
     )
     args = parser.parse_args(argv)
+    dashboards = rendered()
+    try:
+        manifest = render_configmaps(dashboards)
+    except ConfigMapTooLarge as exc:
+        print(f"python -m gpumon.dashboards: {exc}", file=sys.stderr)
+        return 1
+    outputs = {args.dir / name: text for name, text in dashboards.items()}
+    outputs[args.configmaps] = manifest
     drift = []
-    for name, text in rendered().items():
-        path = args.dir / name
+    for path, text in outputs.items():
         current = path.read_text() if path.exists() else None
         if current == text:
             continue
-        drift.append(name)
+        drift.append(path)
         if not args.check:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text)
     if args.check and drift:
-        print(
-            f"out of date in {args.dir}: {', '.join(drift)}; run python -m gpumon.dashboards", file=sys.stderr
-        )
+        names = ", ".join(str(p) for p in drift)
+        print(f"out of date: {names}; run python -m gpumon.dashboards", file=sys.stderr)
         return 1
-    for name in [] if args.check else drift:
-        print(f"wrote {args.dir / name}")
+    for path in [] if args.check else drift:
+        print(f"wrote {path}")
     return 0
 
 
