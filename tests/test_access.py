@@ -500,3 +500,10 @@ def test_sim_job_reports_over_the_socket_beside_tls(tmp_path: Path, certs: Certs
         assert jobs, "\n".join(d.daemon.log)
     finally:
         d.daemon.stop()
+
+
+def test_the_shipped_example_parses() -> None:
+    example = Path(__file__).resolve().parent.parent / "deploy" / "access" / "web-config.yml"
+    config = webconfig.load(str(example))
+    assert config.tls is not None and config.tls.min_version == "TLS12"
+    assert list(config.users) == ["prometheus"]
