@@ -7,10 +7,31 @@ import ipaddress
 import os
 import socket
 import stat
+from collections.abc import Mapping
+from typing import Any
+
+# Set in the ASGI scope of every request that came through the unix socket. "No peer address" must never
+# be read as "local": uvicorn also gives a TCP request client=None when getpeername() fails, which a
+# client can cause by resetting the connection right after sending its request.
+UNIX_SOCKET_SCOPE_KEY = "gpumon.unix_socket"
 
 
 class ListenError(Exception):
     pass
+
+
+class MarkUnixSocket:
+    """ASGI wrapper for the app as served on the unix socket: its requests say so, positively."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        await self.app({**scope, UNIX_SOCKET_SCOPE_KEY: True}, receive, send)
+
+
+def via_unix_socket(scope: Mapping[str, Any]) -> bool:
+    return scope.get(UNIX_SOCKET_SCOPE_KEY) is True
 
 
 def is_loopback(host: str) -> bool:

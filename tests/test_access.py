@@ -7,8 +7,10 @@ import asyncio
 import base64
 import json
 import os
+import socket
 import ssl
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,9 +23,10 @@ from certs import Certs, make
 from helpers import ManualClock, run_gpumon, start_daemon
 
 from gpumon.access import webconfig
-from gpumon.access.guard import Guard
+from gpumon.access.guard import Access, Guard
 from gpumon.access.tls import server_context
 from gpumon.access.webconfig import WebConfigError
+from gpumon.listen import UNIX_SOCKET_SCOPE_KEY
 
 PASSWORD = "correct horse battery staple"
 HASH = bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(4)).decode()  # cost 4: tests need no slow hashes
@@ -158,6 +161,9 @@ def test_empty_file_means_plain_http_without_auth(tmp_path: Path) -> None:
         ({"http_server_config": {"headers": {"Server": "x"}}}, "unknown key 'Server'"),
         ({"http_server_config": {"http2": "yes"}}, "http2: expected true or false"),
         ({"rate_limit": {"interval": "fast", "burst": 1}}, "rate_limit.interval: expected a duration"),
+        ({"basic_auth_users": {"prom": "$2b$03$" + "a" * 53}}, "expected a bcrypt hash"),  # cost below 4
+        ({"basic_auth_users": {"prom": HASH + "\n"}}, "expected a bcrypt hash"),
+        ({"tls_server_config": {"cert_file": "c", "key_file": "k", "cipher_suites": [["x"]]}}, "unknown or"),
         ({"rate_limit": {"interval": "1s", "burst": 0}}, "burst: must be at least 1"),
         ([1, 2], "expected a mapping"),
     ],
@@ -270,14 +276,131 @@ def test_reload_follows_the_file_and_keeps_the_old_one_when_broken(
     guard.maybe_reload()  # within a second of the last check: not looked at yet
     assert "prom" in guard.config.users
     clock.advance(1.0)
+    guard.maybe_reload()  # changed: taken only once it holds still for one more check
+    assert "prom" in guard.config.users
+    clock.advance(1.0)
     guard.maybe_reload()
     assert list(guard.config.users) == ["grafana"]
     path.write_text("basic_auth_users: {grafana: plain-text}\n")
     os.utime(path, ns=(time.time_ns() + 2 * 10**9,) * 2)
-    clock.advance(1.0)
-    guard.maybe_reload()
+    for _ in range(3):
+        clock.advance(1.0)
+        guard.maybe_reload()
     assert list(guard.config.users) == ["grafana"]
     assert "still serving with the previous web config" in caplog.text
+    path.write_text("# emptied\n")
+    os.utime(path, ns=(time.time_ns() + 3 * 10**9,) * 2)
+    for _ in range(2):
+        clock.advance(1.0)
+        guard.maybe_reload()
+    assert guard.config.users == {} and "/metrics is open to anyone" in caplog.text
+
+
+def reload_now(guard: Guard, clock: ManualClock) -> None:
+    for _ in range(2):
+        clock.advance(1.0)
+        guard.maybe_reload()
+
+
+def handshake(server: ssl.SSLContext, ca: Path) -> str:
+    """One TLS handshake over a socket pair; the certificate's common name the client saw."""
+    a, b = socket.socketpair()
+    result: list[BaseException] = []
+
+    def serve() -> None:
+        try:
+            with server.wrap_socket(a, server_side=True) as s:
+                s.recv(1)
+        except (OSError, ssl.SSLError) as exc:
+            result.append(exc)
+
+    thread = threading.Thread(target=serve)
+    thread.start()
+    client = ssl.create_default_context(cafile=str(ca))
+    client.check_hostname = False
+    try:
+        with client.wrap_socket(b) as s:
+            cert = s.getpeercert()
+            s.send(b"x")
+    finally:
+        thread.join(5)
+    assert not result, result
+    return dict(x[0] for x in cert["subject"])["commonName"]
+
+
+def test_a_bad_renewal_leaves_the_running_certificate_alone(
+    tmp_path: Path, certs: Certs, caplog: pytest.LogCaptureFixture
+) -> None:
+    cert, key = tmp_path / "tls.crt", tmp_path / "tls.key"
+    cert.write_bytes(certs.server_cert.read_bytes())
+    key.write_bytes(certs.server_key.read_bytes())
+    config = webconfig.load(
+        str(
+            write(
+                tmp_path / "web.yml", {"tls_server_config": {"cert_file": "tls.crt", "key_file": "tls.key"}}
+            )
+        )
+    )
+    assert config.tls is not None
+    ctx = server_context(config.tls, "t")
+    clock = ManualClock()
+    guard = Guard(config, ctx, clock)
+    assert handshake(ctx, certs.ca) == "localhost"
+    # a new certificate whose key has not arrived (certbot swaps its links one by one): refused whole
+    cert.write_bytes(certs.stranger_cert.read_bytes())
+    reload_now(guard, clock)
+    assert "does not belong to the certificate" in caplog.text
+    assert handshake(ctx, certs.ca) == "localhost"  # the old certificate and key still serve
+    key.write_bytes(certs.stranger_key.read_bytes())
+    os.utime(key, ns=(time.time_ns() + 10**9,) * 2)
+    reload_now(guard, clock)
+    assert handshake(ctx, certs.stranger_cert) == "localhost"  # now the new one
+
+
+def test_a_replaced_client_ca_is_reported_as_needing_a_restart(
+    tmp_path: Path, certs: Certs, caplog: pytest.LogCaptureFixture
+) -> None:
+    ca = tmp_path / "ca.pem"
+    ca.write_bytes(certs.ca.read_bytes())
+    tls = tls_section(certs, client_auth_type="RequireAndVerifyClientCert", client_ca_file=str(ca))
+    config = webconfig.load(str(write(tmp_path / "web.yml", {"tls_server_config": tls})))
+    clock = ManualClock()
+    assert config.tls is not None
+    guard = Guard(config, server_context(config.tls, "t"), clock)
+    ca.write_bytes(certs.stranger_cert.read_bytes())
+    os.utime(ca, ns=(time.time_ns() + 10**9,) * 2)
+    reload_now(guard, clock)
+    assert "apply when gpumon restarts" in caplog.text
+
+
+def test_passwords_longer_than_bcrypt_reads_compare_like_go(tmp_path: Path) -> None:
+    long = "x" * 72 + "tail that bcrypt never reads"
+    hashed = bcrypt.hashpw(long.encode()[:72], bcrypt.gensalt(4)).decode()
+    guard = guard_for(tmp_path, {"basic_auth_users": {"prom": hashed}})
+    assert asyncio.run(guard.authorized(basic("prom", long)["Authorization"].encode()))
+    assert not asyncio.run(guard.authorized(b"Basic " + b"A" * 8000))  # refused before decoding
+
+
+def test_a_tcp_request_without_a_peer_address_is_not_trusted(tmp_path: Path) -> None:
+    """uvicorn gives client=None when getpeername() fails (a client that resets right after sending)."""
+    guard = guard_for(tmp_path, {"basic_auth_users": {"prom": HASH}})
+    reached: list[str] = []
+
+    async def app(scope: dict[str, object], receive: object, send: object) -> None:
+        reached.append(str(scope["path"]))
+
+    sent: list[dict[str, object]] = []
+
+    async def send(message: dict[str, object]) -> None:
+        sent.append(message)
+
+    async def call(**scope: object) -> None:
+        await Access(app, guard)({"type": "http", "path": "/metrics", "headers": [], **scope}, None, send)
+
+    asyncio.run(call(client=None))
+    assert reached == [] and sent[0]["status"] == 401
+    asyncio.run(call(client=None, **{UNIX_SOCKET_SCOPE_KEY: True}))
+    assert reached == ["/metrics"]
 
 
 # --- the daemon, over real TLS on loopback ---
@@ -372,6 +495,9 @@ def test_cli_reads_the_daemon_with_credentials_in_the_url(tls_daemon: TlsDaemon)
     good = tls_daemon.url.replace("https://", f"https://prom:{PASSWORD.replace(' ', '%20')}@")
     r = run_gpumon("diagnose", "--url", good, env=env)
     assert r.returncode == 0, r.stderr
+    assert "No training or inference job" in r.stdout and "prom:***@" in r.stdout  # the password is masked
+    r = run_gpumon("diagnose", "--url", good, "--job", "nope", env=env)
+    assert r.returncode == 1 and "no job 'nope'" in r.stderr and "staple" not in r.stderr, r.stderr
     wrong = tls_daemon.url.replace("https://", "https://prom:wrong@")
     r = run_gpumon("diagnose", "--url", wrong, env=env)
     assert r.returncode == 1 and "requires basic auth" in r.stderr and "wrong" not in r.stderr

@@ -3,8 +3,9 @@ picking up a changed web config or a renewed certificate while serving.
 
 What it guards: every request over TCP, except the probes (/healthz, /readyz: Kubernetes and Docker probe
 without credentials, and they reveal nothing) and SDK reports (POST /v1/report has its own policy: this
-node only, optional bearer token). Requests over the unix ingest socket carry no peer address and are not
-asked for a password: who may connect is decided by the socket file's permissions.
+node only, optional bearer token). Requests over the unix ingest socket (marked by listen.MarkUnixSocket,
+never inferred from a missing peer address) are not asked for a password: who may connect is decided by
+the socket file's permissions.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import base64
 import binascii
 import hashlib
 import logging
+import math
 import os
 import ssl
 import time
@@ -24,14 +26,18 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gpumon.access import webconfig
 from gpumon.access.tls import load_certificate
-from gpumon.access.webconfig import WebConfig, WebConfigError
+from gpumon.access.webconfig import WebConfig
 from gpumon.client.protocol import PATH as REPORT_PATH
+from gpumon.listen import via_unix_socket
 
 log = logging.getLogger("gpumon.access")
 
 OPEN_PATHS = frozenset({"/healthz", "/readyz", REPORT_PATH})
 RELOAD_CHECK_SECONDS = 1.0
 MAX_CACHED_LOGINS = 256
+MAX_AUTHORIZATION_BYTES = 4096  # refused before decoding: nobody's user name and password are longer
+BCRYPT_MAX_PASSWORD = 72  # bcrypt reads no further; Go's (exporter-toolkit's) compares these bytes only
+BCRYPT_CONCURRENCY = 2  # checks at once: anonymous floods cannot take every core
 # a valid hash of a random password: unknown users cost one bcrypt check too, so timing does not tell
 # which user names exist
 _DUMMY_HASH = b"$2b$10$EZUfbJvXZ4AiPd0kLkz9SuzT7Dd8dFPkAWjas6pprpQKnfrkNfVg."
@@ -55,6 +61,9 @@ class Guard:
         self._signature = _signature(config.files())
         self._checked = clock()
         self._bad_signature: tuple[object, ...] | None = None
+        self._pending: tuple[object, ...] | None = None
+        self._listener = _listener_settings(config)  # what the listening socket really has, until restart
+        self._bcrypt: asyncio.Semaphore | None = None  # made on the event loop, on first use
 
     # --- reload ---
     async def watch(self) -> None:
@@ -76,25 +85,34 @@ class Guard:
             return
         self._checked = now
         signature = _signature(self.config.files())
-        if signature == self._signature or signature == self._bad_signature:
+        if signature in (self._signature, self._bad_signature):
+            self._pending = None
             return
+        if signature != self._pending:
+            # changed since the last look: wait until it holds still for one more check, so a file being
+            # written, or a certificate renewed before its key, is not taken half-way
+            self._pending = signature
+            return
+        self._pending = None
         try:
             new = webconfig.load(self.config.path)
             if new.tls is not None and self.ssl_context is not None:
                 load_certificate(self.ssl_context, new.tls, f"web config {new.path}: tls_server_config")
-        except WebConfigError as exc:
+        except Exception as exc:  # whatever it is, the running configuration stays
             self._bad_signature = signature
             log.error("%s; still serving with the previous web config", exc)
             return
         old = self.config
-        if _listener_settings(new) != _listener_settings(old):
+        if _listener_settings(new) != self._listener:
             log.warning(
                 "web config %s: TLS settings other than the certificate changed; they apply when gpumon "
                 "restarts",
                 new.path,
             )
+        if old.users and not new.users:
+            log.warning("web config %s now lists no basic_auth_users: /metrics is open to anyone", new.path)
         self.config = new
-        self._signature = _signature(new.files())
+        self._signature = signature if new.files() == old.files() else _signature(new.files())
         self._bad_signature = None
         self._logins.clear()
         if new.rate_limit != old.rate_limit:
@@ -106,6 +124,8 @@ class Guard:
         users = self.config.users
         if not users:
             return True
+        if authorization is not None and len(authorization) > MAX_AUTHORIZATION_BYTES:
+            return False
         credentials = _basic_credentials(authorization)
         if credentials is None:
             return False
@@ -115,8 +135,12 @@ class Guard:
         key = (user, stored or b"", digest)
         if stored is not None and key in self._logins:
             return True
-        # bcrypt costs tens of milliseconds by design: off the event loop, so scrapes and reports go on
-        ok = await asyncio.to_thread(_check, password, stored or _DUMMY_HASH)
+        # bcrypt costs tens of milliseconds by design: off the event loop, so scrapes and reports go on, and
+        # a few at a time, so a flood of wrong passwords queues here instead of taking every core
+        if self._bcrypt is None:
+            self._bcrypt = asyncio.Semaphore(BCRYPT_CONCURRENCY)
+        async with self._bcrypt:
+            ok = await asyncio.to_thread(_check, password, stored or _DUMMY_HASH)
         if ok and stored is not None:
             if len(self._logins) >= MAX_CACHED_LOGINS:
                 self._logins.clear()
@@ -153,13 +177,14 @@ class Access:
         headers = [(k.lower().encode(), v.encode()) for k, v in guard.config.headers]
         if headers:
             send = _with_headers(send, headers)
-        client = scope.get("client")
-        if scope["path"] in OPEN_PATHS or client is None or not client[0]:
+        if scope["path"] in OPEN_PATHS or via_unix_socket(scope):
             await self.app(scope, receive, send)
             return
         if not guard.admit():
+            limit = guard.config.rate_limit
+            retry = str(max(1, math.ceil(limit.interval))).encode() if limit else b"1"
             await _answer(
-                send, 429, "too many requests (the web config's rate_limit)", [(b"retry-after", b"1")]
+                send, 429, "too many requests (the web config's rate_limit)", [(b"retry-after", retry)]
             )
             return
         authorization = dict(scope["headers"]).get(b"authorization")
@@ -217,7 +242,7 @@ def _basic_credentials(header: bytes | None) -> tuple[str, bytes] | None:
 
 def _check(password: bytes, hashed: bytes) -> bool:
     try:
-        return bcrypt.checkpw(password, hashed)
+        return bcrypt.checkpw(password[:BCRYPT_MAX_PASSWORD], hashed)
     except ValueError:  # a hash bcrypt cannot read (the file's hashes were checked for shape, not content)
         return False
 
@@ -239,10 +264,16 @@ def _listener_settings(config: WebConfig) -> object:
     tls = config.tls
     if tls is None:
         return None
+    ca = tls.client_ca.encode() if tls.client_ca else b""
+    if tls.client_ca_file:
+        try:
+            with open(tls.client_ca_file, "rb") as fh:
+                ca = fh.read()
+        except OSError:
+            ca = b"unreadable"
     return (
         tls.client_auth_type,
-        tls.client_ca_file,
-        tls.client_ca,
+        hashlib.sha256(ca).hexdigest(),  # the CA's contents: replacing the file changes the trust
         tls.min_version,
         tls.max_version,
         tls.cipher_suites,

@@ -55,16 +55,35 @@ def server_context(tls: TlsSettings, where: str) -> ssl.SSLContext:
 
 
 def load_certificate(ctx: ssl.SSLContext, tls: TlsSettings, where: str) -> None:
-    """Load the certificate chain and key into ``ctx``; also used to reload a renewed certificate."""
+    """Load the certificate chain and key into ``ctx``; also used to reload a renewed certificate. Both are
+    read once and tried on a scratch context first: OpenSSL drops a live context's old key as soon as a
+    certificate with another key goes in, so a bad new key must never reach ``ctx``."""
+    cert = _read(tls.cert_file, tls.cert, where)
+    key = _read(tls.key_file, tls.key, where)
+    _load(ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER), cert, key, tls, where)
+    _load(ctx, cert, key, tls, where)
+
+
+def _read(path: str | None, inline: str | None, where: str) -> bytes:
+    if path is None:
+        return (inline or "").encode()
     try:
-        with _pem(tls.cert_file, tls.cert) as cert, _pem(tls.key_file, tls.key) as key:
-            ctx.load_cert_chain(cert, key, password=_encrypted)
+        with open(path, "rb") as fh:
+            return fh.read()
+    except OSError as exc:
+        raise WebConfigError(f"{where}: cannot read {path}: {exc.strerror}") from None
+
+
+def _load(ctx: ssl.SSLContext, cert: bytes, key: bytes, tls: TlsSettings, where: str) -> None:
+    try:
+        with _pem(cert) as cert_path, _pem(key) as key_path:
+            ctx.load_cert_chain(cert_path, key_path, password=_encrypted)
     except _Encrypted:
         raise WebConfigError(
             f"{where}: the private key {tls.key_file or '(inline key)'} is encrypted; gpumon needs an "
             "unencrypted PEM key readable only by its user"
         ) from None
-    except ssl.SSLError as exc:  # before OSError: SSLError is one
+    except ssl.SSLError as exc:
         reason = _reason(exc)
         if "KEY_VALUES_MISMATCH" in reason.upper():
             raise WebConfigError(
@@ -76,11 +95,6 @@ def load_certificate(ctx: ssl.SSLContext, tls: TlsSettings, where: str) -> None:
             f"{tls.cert_file or '(inline)'}, key {tls.key_file or '(inline)'}"
         ) from None
 
-    except OSError as exc:
-        missing = next((p for p in (tls.cert_file, tls.key_file) if p and not os.access(p, os.R_OK)), None)
-        what = f"cannot read {missing}" if missing else "cannot read the certificate or key"
-        raise WebConfigError(f"{where}: {what}: {exc.strerror or exc}") from None
-
 
 class _Encrypted(Exception):
     pass
@@ -91,15 +105,12 @@ def _encrypted() -> bytes:
 
 
 @contextlib.contextmanager
-def _pem(path: str | None, inline: str | None) -> Iterator[str]:
-    """A path OpenSSL can open: the file itself, or an anonymous in-memory file holding the inline PEM, so an
-    inline key never touches the disk."""
-    if path is not None:
-        yield path
-        return
+def _pem(data: bytes) -> Iterator[str]:
+    """A path OpenSSL can open holding ``data``: an anonymous in-memory file, so what was read once is what
+    is loaded, and an inline key never touches the disk."""
     fd = os.memfd_create("gpumon-pem", os.MFD_CLOEXEC)
     try:
-        os.write(fd, (inline or "").encode())
+        os.write(fd, data)
         yield f"/proc/self/fd/{fd}"
     finally:
         os.close(fd)

@@ -76,7 +76,7 @@ _UNSUPPORTED = {
     "certificates from a CA that signs only the allowed clients and name it in client_ca_file",
     "curve_preferences": "gpumon uses OpenSSL's curve selection and cannot restrict it; remove the key",
 }
-_BCRYPT = re.compile(r"^\$2[abxy]?\$\d\d\$[./A-Za-z0-9]{53}$")
+_BCRYPT = re.compile(r"\$2[abxy]\$(0[4-9]|[12]\d|3[01])\$[./A-Za-z0-9]{53}")  # costs 4-31, as Go checks
 _GO_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 
 
@@ -196,7 +196,7 @@ def _tls(raw: Any, where: str, base: str) -> TlsSettings | None:
         raise WebConfigError(f"{where}: cert_file (or cert) is required to serve TLS")
     if "key" not in text and "key_file" not in text:
         raise WebConfigError(f"{where}: key_file (or key) is required to serve TLS")
-    auth = raw.get("client_auth_type", "NoClientCert")
+    auth = raw.get("client_auth_type") or "NoClientCert"
     if auth not in CLIENT_AUTH:
         raise WebConfigError(
             f"{where}.client_auth_type: expected one of {', '.join(CLIENT_AUTH)}, got {auth!r}"
@@ -228,7 +228,7 @@ def _tls(raw: Any, where: str, base: str) -> TlsSettings | None:
     if not isinstance(suites, list):
         raise WebConfigError(f"{where}.cipher_suites: expected a list of Go cipher suite names")
     for suite in suites:
-        if suite not in CIPHER_SUITES:
+        if not isinstance(suite, str) or suite not in CIPHER_SUITES:
             raise WebConfigError(
                 f"{where}.cipher_suites: unknown or insecure suite {suite!r} "
                 f"(known: {', '.join(CIPHER_SUITES)})"
@@ -259,7 +259,7 @@ def _users(raw: Any, where: str) -> dict[str, bytes]:
     for user, hashed in raw.items():
         if not isinstance(user, str) or not user or ":" in user:
             raise WebConfigError(f"{where}: bad user name {user!r} (a non-empty string without ':')")
-        if not isinstance(hashed, str) or not _BCRYPT.match(hashed):
+        if not isinstance(hashed, str) or not _BCRYPT.fullmatch(hashed):
             raise WebConfigError(
                 f"{where}.{user}: expected a bcrypt hash such as $2y$10$… (make one with "
                 "`htpasswd -nBC 10 \"\" | tr -d ':\\n'`), not a plain password"

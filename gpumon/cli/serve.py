@@ -20,7 +20,7 @@ from gpumon.gpu.compat_dcgm import node_hostname
 from gpumon.gpu.sampler import Sampler
 from gpumon.gpu.sim import SimNvml
 from gpumon.gpu.snapshot import Snapshot
-from gpumon.listen import bind, bind_unix
+from gpumon.listen import MarkUnixSocket, bind, bind_unix
 
 if TYPE_CHECKING:
     import socket
@@ -239,6 +239,16 @@ def _server(config: uvicorn.Config, sim_training: SimTraining | None, guard: Gua
     final reports included) while it still does."""
     import uvicorn
 
+    # the same app and settings on the unix socket, with its requests marked as such (listen.py)
+    unix_config = uvicorn.Config(
+        MarkUnixSocket(config.app),
+        log_config=None,
+        access_log=False,
+        lifespan="off",
+        timeout_graceful_shutdown=config.timeout_graceful_shutdown,
+    )
+    unix_config.load()
+
     class Server(uvicorn.Server):
         async def startup(self, sockets: list[socket.socket] | None = None) -> None:
             # uvicorn would put TLS (config.ssl) on every socket; the unix ingest socket stays plain HTTP,
@@ -258,8 +268,8 @@ def _server(config: uvicorn.Config, sim_training: SimTraining | None, guard: Gua
                 sim_training.start()
 
         def _protocol(self) -> asyncio.Protocol:
-            return self.config.http_protocol_class(  # type: ignore[call-arg]
-                config=self.config, server_state=self.server_state, app_state=self.lifespan.state
+            return unix_config.http_protocol_class(  # type: ignore[call-arg]
+                config=unix_config, server_state=self.server_state, app_state=self.lifespan.state
             )
 
         async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:

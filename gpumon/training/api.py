@@ -19,7 +19,7 @@ from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gpumon.client import protocol as P
-from gpumon.listen import is_loopback
+from gpumon.listen import is_loopback, via_unix_socket
 from gpumon.training import report as reports
 from gpumon.training.analysis import Analysis
 from gpumon.training.collector import IngestStats
@@ -36,10 +36,13 @@ class IngestPolicy:
     allow_remote: bool = False
 
 
-def is_local(client: Sequence[Any] | None) -> bool:
-    """Loopback, or no peer address at all (a unix socket)."""
-    if client is None or not client[0]:
+def is_local(scope: Scope) -> bool:
+    """The unix socket, or a loopback peer. A TCP request without a peer address is not local."""
+    if via_unix_socket(scope):
         return True
+    client: Sequence[Any] | None = scope.get("client")
+    if not client or not client[0]:
+        return False
     return is_loopback(str(client[0])) and client[0] != "localhost"  # a peer address, never a name
 
 
@@ -80,7 +83,7 @@ class Ingest:
     async def _handle(self, scope: Scope, receive: Receive) -> tuple[int, str]:
         if scope["method"] != "POST":
             return self._refuse("invalid", 405, f"{P.PATH} takes POST")
-        if not self.policy.allow_remote and not is_local(scope.get("client")):
+        if not self.policy.allow_remote and not is_local(scope):
             return self._refuse(
                 "forbidden",
                 403,
