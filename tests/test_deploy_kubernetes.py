@@ -18,12 +18,12 @@ import json
 import os
 import re
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 import pytest
 import yaml
+from crds import undeclared_fields
 from helpers import IN_CI, ROOT, require_tool
 
 from gpumon import __version__, alerting
@@ -161,24 +161,6 @@ def crd_schema(kind: str) -> dict[str, Any]:
     (version,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1"]
     schema: dict[str, Any] = version["schema"]["openAPIV3Schema"]
     return schema
-
-
-def undeclared_fields(schema: dict[str, Any], value: Any, path: str = "$") -> Iterator[str]:
-    """Fields the schema does not declare. CRD schemas leave additionalProperties unset (the API server prunes
-    unknown fields instead of refusing them), so JSON Schema validation alone accepts a misspelt field."""
-    if isinstance(value, dict):
-        props = schema.get("properties")
-        extra = schema.get("additionalProperties")
-        for key, sub in value.items():
-            if props is not None and key in props:
-                yield from undeclared_fields(props[key], sub, f"{path}.{key}")
-            elif isinstance(extra, dict):
-                yield from undeclared_fields(extra, sub, f"{path}.{key}")
-            elif props is not None and not schema.get("x-kubernetes-preserve-unknown-fields"):
-                yield f"{path}.{key}"
-    elif isinstance(value, list) and isinstance(schema.get("items"), dict):
-        for i, sub in enumerate(value):
-            yield from undeclared_fields(schema["items"], sub, f"{path}[{i}]")
 
 
 def validate_custom(obj: dict[str, Any]) -> None:

@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 import yaml
+from crds import undeclared_fields
 from helpers import IN_CI, ROOT, require_tool
 
 from gpumon import alerting
@@ -383,24 +384,6 @@ def _crd_schema() -> dict[str, Any]:
     return version["schema"]["openAPIV3Schema"]
 
 
-def unknown_fields(schema: dict[str, Any], value: Any, path: str = "$") -> Iterator[str]:
-    """Fields the schema does not declare. The API server prunes them silently (a misspelt keep_firing_for
-    would vanish), and plain JSON Schema does not flag them, so this walks the schema."""
-    if isinstance(value, dict):
-        props = schema.get("properties")
-        extra = schema.get("additionalProperties")
-        for key, sub in value.items():
-            if props is not None and key in props:
-                yield from unknown_fields(props[key], sub, f"{path}.{key}")
-            elif isinstance(extra, dict):
-                yield from unknown_fields(extra, sub, f"{path}.{key}")
-            elif props is not None and not schema.get("x-kubernetes-preserve-unknown-fields"):
-                yield f"{path}.{key}"
-    elif isinstance(value, list) and isinstance(schema.get("items"), dict):
-        for i, sub in enumerate(value):
-            yield from unknown_fields(schema["items"], sub, f"{path}[{i}]")
-
-
 def test_prometheus_rule_matches_the_crd_schema() -> None:
     import jsonschema
 
@@ -408,11 +391,11 @@ def test_prometheus_rule_matches_the_crd_schema() -> None:
     manifest = yaml.safe_load(alerting.PROMETHEUS_RULE.read_text())
     assert manifest["apiVersion"] == "monitoring.coreos.com/v1" and manifest["kind"] == "PrometheusRule"
     jsonschema.Draft7Validator(schema).validate(manifest)
-    assert list(unknown_fields(schema, manifest)) == []
+    assert list(undeclared_fields(schema, manifest)) == []
     # the checks can fail: a misspelt field and a malformed duration
     bad = json.loads(json.dumps(manifest))
     bad["spec"]["groups"][0]["rules"][0]["keep_firing_fro"] = "5m"
-    assert list(unknown_fields(schema, bad)) == ["$.spec.groups[0].rules[0].keep_firing_fro"]
+    assert list(undeclared_fields(schema, bad)) == ["$.spec.groups[0].rules[0].keep_firing_fro"]
     bad["spec"]["groups"][-1]["rules"][0]["for"] = "5 minutes"
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.Draft7Validator(schema).validate(bad)

@@ -21,7 +21,7 @@ from typing import Any
 
 from gpumon import __version__
 from gpumon.cli.baseline_render import comparison, table
-from gpumon.cli.daemon_api import DaemonError, default_url, get_json, job_path
+from gpumon.cli.daemon_api import DaemonError, default_url, display_url, get_json, job_path
 from gpumon.config import ConfigError, Settings, default_baselines_path, parse_duration
 from gpumon.listen import is_loopback
 from gpumon.training import baselines as B
@@ -38,8 +38,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     where.add_argument(
         "--url",
         metavar="URL",
-        help="the daemon, http:// or unix:// (default $GPUMON_URL or http://127.0.0.1:9478): the one record "
-        "and compare ask, and the local one whose library is used when --baselines is not given",
+        help="the daemon, http://, https://[USER:PASSWORD@] or unix:// (default $GPUMON_URL or "
+        "http://127.0.0.1:9478): the one record and compare ask, and the local one whose library is used "
+        "when --baselines is not given",
     )
     sub = p.add_subparsers(dest="action", metavar="ACTION", parser_class=type(p))
     sub.required = True
@@ -120,8 +121,8 @@ def _record(path: str, args: argparse.Namespace) -> int:
     url = args.url or default_url()
     job_path(args.job)  # the empty-name check
     missing = (
-        f"the daemon at {url} has no history for job {args.job!r} yet: it samples every job every 10 s, "
-        "and a baseline needs a few minutes of them (gpumon diagnose lists the jobs it sees)"
+        f"the daemon at {display_url(url)} has no history for job {args.job!r} yet: it samples every job "
+        "every 10 s, and a baseline needs a few minutes of them (gpumon diagnose lists the jobs it sees)"
     )
     hist = get_json(url, "/v1/history/" + urllib.parse.quote(args.job, safe=""), missing=missing)
     if hist.get("key") is None:
@@ -205,11 +206,14 @@ def _get(lib: B.Library, name: str) -> B.Baseline:
 
 def _compare(path: str, args: argparse.Namespace) -> int:
     url = args.url or default_url()
-    missing = f"no job {args.job!r} reports to the daemon at {url} (gpumon diagnose lists those that do)"
+    missing = (
+        f"no job {args.job!r} reports to the daemon at {display_url(url)} "
+        "(gpumon diagnose lists those that do)"
+    )
     job = get_json(url, job_path(args.job), missing=missing)
     section: dict[str, Any] | None = job.get("baseline")
     if section is None:
-        raise ConfigError(f"the daemon at {url} is too old to compare against baselines")
+        raise ConfigError(f"the daemon at {display_url(url)} is too old to compare against baselines")
     if args.json:
         print(json.dumps(section, indent=2))
     else:

@@ -39,7 +39,10 @@ def check_url(base: str) -> str:
     if parsed.scheme == "unix" and parsed.path:
         return base
     if parsed.scheme not in ("http", "https") or not parsed.hostname:
-        raise ConfigError(f"--url: expected the daemon's http://HOST:PORT or unix:///PATH, got {base!r}")
+        raise ConfigError(
+            f"--url: expected the daemon's http://HOST:PORT, https://[USER:PASSWORD@]HOST:PORT or "
+            f"unix:///PATH, got {base!r}"
+        )
     return base.rstrip("/")
 
 
@@ -54,7 +57,7 @@ def _connection(base: str, timeout: float) -> tuple[http.client.HTTPConnection, 
 
 def get_json(base: str, path: str, *, timeout: float = 5.0, missing: str | None = None) -> dict[str, Any]:
     """GET ``path`` from the daemon at ``base`` as a JSON object. ``missing``: the message for a 404."""
-    where = _without_password(check_url(base).rstrip("/")) + path
+    where = display_url(check_url(base).rstrip("/")) + path
     conn, prefix = _connection(base, timeout)
     try:
         conn.request("GET", prefix + path, headers={"Accept": "application/json", **_credentials(base)})
@@ -72,7 +75,7 @@ def get_json(base: str, path: str, *, timeout: float = 5.0, missing: str | None 
             "https://USER:PASSWORD@HOST:PORT, or use its unix socket (--url unix:///PATH)"
         )
     if response.status == 404:
-        raise NotFound(missing or f"the daemon at {_without_password(base)} knows no {path}")
+        raise NotFound(missing or f"the daemon at {display_url(base)} knows no {path}")
     if response.status != 200:
         raise DaemonError(f"the daemon answered {where} with HTTP {response.status} {response.reason}")
     try:
@@ -93,7 +96,8 @@ def _credentials(base: str) -> dict[str, str]:
     return {"Authorization": "Basic " + base64.b64encode(pair.encode()).decode()}
 
 
-def _without_password(url: str) -> str:
+def display_url(url: str) -> str:
+    """The URL as messages show it: a password in it becomes ***."""
     parts = urllib.parse.urlsplit(url)
     if parts.password is None:
         return url

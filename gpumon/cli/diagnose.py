@@ -8,7 +8,7 @@ import json
 import textwrap
 from typing import Any
 
-from gpumon.cli.daemon_api import NotFound, default_url, get_json, job_path
+from gpumon.cli.daemon_api import NotFound, default_url, display_url, get_json, job_path
 from gpumon.config import Settings
 
 USES_GPUS = False  # it reads the daemon's API; no GPU options
@@ -19,7 +19,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--url",
         metavar="URL",
-        help="the daemon, http:// or unix:// (default $GPUMON_URL or http://127.0.0.1:9478)",
+        help="the daemon, http://, https://[USER:PASSWORD@] or unix:// (default $GPUMON_URL or http://127.0.0.1:9478)",
     )
     p.add_argument("--json", action="store_true", help="print the daemon's JSON, evidence included")
 
@@ -27,7 +27,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(settings: Settings, args: argparse.Namespace) -> int:
     url = args.url or default_url()
     if args.job is not None:
-        missing = f"no job {args.job!r} reports to the daemon at {url} (gpumon diagnose lists those that do)"
+        missing = (
+            f"no job {args.job!r} reports to the daemon at {display_url(url)} "
+            "(gpumon diagnose lists those that do)"
+        )
         jobs = [get_json(url, job_path(args.job), missing=missing)]
     else:
         listing = get_json(url, "/v1/jobs")
@@ -40,7 +43,7 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
         return 0
     if not jobs:
         print(
-            f"No training or inference job reports to the daemon at {url}.\n"
+            f"No training or inference job reports to the daemon at {display_url(url)}.\n"
             "Add the SDK to the training loop (docs/sdk.md): reporter = gpumon.client.Reporter(job=...); "
             "reporter.step(tokens=...)."
         )

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from gpumon.cli.daemon_api import DaemonError, get_json, job_path
+from gpumon.cli.daemon_api import DaemonError, display_url, get_json, job_path
 from gpumon.config import ConfigError
 from gpumon.training.estimate import Estimate
 
@@ -31,8 +31,8 @@ def fetch_job(base: str, job: str, timeout: float) -> dict[str, Any]:
         base,
         path,
         timeout=timeout,
-        missing=f"the daemon at {base} does not know job {job!r} (a job appears once its processes report "
-        "through the gpumon SDK)",
+        missing=f"the daemon at {display_url(base)} does not know job {job!r} (a job appears once its "
+        "processes report through the gpumon SDK)",
     )
     if not isinstance(data.get("ranks"), list):
         raise DaemonError(f"the daemon answered {base.rstrip('/')}{path} without a list of ranks")

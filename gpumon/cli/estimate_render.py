@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from gpumon.cli.daemon_api import display_url
 from gpumon.cli.estimate_args import shape_overrides
 from gpumon.client.model import ModelSpec
 from gpumon.training.estimate import Estimate, Setup
@@ -144,8 +145,8 @@ def render(est: Estimate, args: argparse.Namespace) -> str:
 
 def render_comparison(cmp: dict[str, Any], url: str) -> str:
     lines = [
-        f"job {cmp['job']} ({url}): the estimate (training, or serving for inference ranks) vs. the memory "
-        "NVML reports used on each rank's GPUs",
+        f"job {cmp['job']} ({display_url(url)}): the estimate (training, or serving for inference ranks) "
+        "vs. the memory NVML reports used on each rank's GPUs",
         "(used memory includes every process on the GPU and its CUDA context)",
     ]
     header = ("RANK", "KIND", "GPUS", "ESTIMATED", "USED", "GPU MEMORY", "USED/ESTIMATED")
