@@ -38,7 +38,7 @@ from gpumon.dashboards.configmaps import (
 )
 
 K8S = ROOT / "deploy" / "kubernetes"
-COMPONENTS = ("per-process", "profiling", "nvidia-runtime-class")
+COMPONENTS = ("per-process", "profiling", "nvidia-runtime-class", "tls")
 # name -> kustomization directory ("combined" is built in a temporary directory: the root and every component)
 VARIANTS = {
     "root": K8S,
@@ -62,7 +62,7 @@ NODE = "gpu-node-17"  # what the downward API gives spec.nodeName in these tests
 FIELD_REFS = {"spec.nodeName": NODE}
 UID = GID = 10001  # the Dockerfile's user
 # settings that name a path inside the container
-PATH_SETTINGS = ("proc_root", "ingest_socket", "baselines", "kubelet_socket", "config")
+PATH_SETTINGS = ("proc_root", "ingest_socket", "baselines", "kubelet_socket", "config", "web_config")
 SYSTEM_NODE_CRITICAL = 2_000_001_000
 USER_PRIORITY_MAX = 1_000_000_000
 
@@ -598,6 +598,27 @@ def test_gpumon_accepts_the_command_line(
 
     # profiling: GPM everywhere; the profiling overlay adds the privilege, not the setting
     assert settings.profiling == "gpm" and settings.dcgm_address is None
+
+    # TLS (components/tls): the web config comes from the Secret, the probes and Prometheus speak HTTPS,
+    # and Prometheus brings the CA and the password; without it, all of that is plain HTTP
+    tls = variant == "combined"
+    assert bool(settings.web_config) is tls
+    schemes = {
+        c[probe]["httpGet"].get("scheme", "HTTP")
+        for probe in ("startupProbe", "livenessProbe", "readinessProbe")
+    }
+    assert schemes == {"HTTPS" if tls else "HTTP"}
+    (endpoint,) = only(docs, "ServiceMonitor", "gpumon")["spec"]["endpoints"]
+    assert endpoint.get("scheme", "http") == ("https" if tls else "http")
+    if tls:
+        where = mount_of(inside["web_config"], table)
+        assert where is not None, "--web-config is not on a mounted volume"
+        mount, volume = table[where]
+        assert volume["secret"]["secretName"] == "gpumon-web" and mount.get("readOnly") is True
+        # readable by gpumon's group only: the pod's fsGroup owns the Secret's files
+        assert volume["secret"]["defaultMode"] == 0o440 and spec["securityContext"]["fsGroup"] == GID
+        assert endpoint["tlsConfig"]["ca"]["secret"]["name"] == "gpumon-scrape"
+        assert {endpoint["basicAuth"][k]["name"] for k in ("username", "password")} == {"gpumon-scrape"}
 
 
 def test_a_broken_command_line_fails_the_check(
