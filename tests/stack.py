@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from helpers import require_tool
+from helpers import free_port, require_tool
 
 ALERTMANAGER_BINARIES = ("prometheus-alertmanager", "alertmanager")
 
@@ -68,6 +68,23 @@ def start(name: str, args: list[str], url: str, ready: str, workdir: Path, timeo
         time.sleep(0.2)
     p.stop()
     raise AssertionError(f"{name} not ready after {timeout:.0f} s\n{p.tail()}")
+
+
+def start_prometheus(config: Path, work: Path) -> Process:
+    """The real Prometheus on a free loopback port, its data in ``work``, ready when this returns."""
+    port = free_port()
+    return start(
+        "prometheus",
+        [
+            require_tool("prometheus"),
+            f"--config.file={config}",
+            f"--storage.tsdb.path={work / 'prom-data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+        ],
+        f"http://127.0.0.1:{port}",
+        "/-/ready",
+        work,
+    )
 
 
 @dataclass

@@ -9,14 +9,14 @@ from pathlib import Path
 import bcrypt
 import yaml
 from certs import make
-from helpers import free_port, require_tool, start_daemon
-from stack import Prometheus, start
+from helpers import require_tool, start_daemon
+from stack import Prometheus, start_prometheus
 
 PASSWORD = "scrape-over-tls"
 
 
 def test_prometheus_scrapes_over_tls_with_basic_auth(tmp_path: Path) -> None:
-    prom_bin = require_tool("prometheus")
+    require_tool("prometheus")  # before anything starts: in CI its absence fails the test
     certs = make(tmp_path / "certs")
     web = tmp_path / "web.yml"
     hashed = bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(10)).decode()
@@ -52,19 +52,7 @@ def test_prometheus_scrapes_over_tls_with_basic_auth(tmp_path: Path) -> None:
             "scrape_configs": [job("gpumon", "password"), job("wrong", "wrong")],
         }
         (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
-        port = free_port()
-        process = start(
-            "prometheus",
-            [
-                prom_bin,
-                f"--config.file={tmp_path / 'prometheus.yml'}",
-                f"--storage.tsdb.path={tmp_path / 'data'}",
-                f"--web.listen-address=127.0.0.1:{port}",
-            ],
-            f"http://127.0.0.1:{port}",
-            "/-/ready",
-            tmp_path,
-        )
+        process = start_prometheus(tmp_path / "prometheus.yml", tmp_path)
         prom = Prometheus(process)
         prom.wait('up{job="gpumon"} == 1', 30, "a successful scrape over TLS with basic auth")
         series = prom.wait('gpumon_gpu_utilization_ratio{job="gpumon"}', 15)

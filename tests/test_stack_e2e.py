@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 import yaml
 from helpers import ROOT, Daemon, free_port, require_tool, run_gpumon, start_daemon
-from stack import Prometheus, Webhook, alertmanager_binary, start
+from stack import Prometheus, Webhook, alertmanager_binary, start, start_prometheus
 
 from gpumon import alerting, dashboards
 
@@ -81,7 +81,7 @@ def alertmanager_config(webhook: str) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory) -> Iterator[dict[str, Any]]:
-    prom_bin = require_tool("prometheus")
+    require_tool("prometheus")  # before anything starts: in CI its absence fails the test
     am_bin = alertmanager_binary()
     work = tmp_path_factory.mktemp("stack")
     library = work / "baselines.toml"
@@ -119,19 +119,7 @@ def stack(tmp_path_factory) -> Iterator[dict[str, Any]]:
         (work / "prometheus.yml").write_text(
             yaml.safe_dump(prometheus_config(targets, f"127.0.0.1:{am_port}", rules))
         )
-        prom_port = free_port()
-        prom = start(
-            "prometheus",
-            [
-                prom_bin,
-                f"--config.file={work / 'prometheus.yml'}",
-                f"--storage.tsdb.path={work / 'prom-data'}",
-                f"--web.listen-address=127.0.0.1:{prom_port}",
-            ],
-            f"http://127.0.0.1:{prom_port}",
-            "/-/ready",
-            work,
-        )
+        prom = start_prometheus(work / "prometheus.yml", work)
         started.append(prom)
         p = Prometheus(prom)
         yield {"nodes": nodes, "prom": p, "hook": hook, "library": library, "t0": time.monotonic()}

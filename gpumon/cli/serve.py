@@ -11,7 +11,7 @@ import os
 import signal
 import sys
 from socket import AF_UNIX
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from gpumon import __version__
 from gpumon.cli.common import open_sampler
@@ -91,9 +91,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(settings: Settings, args: argparse.Namespace) -> int:
-    import uvicorn  # here, not at module level: snapshot and doctor do not need the web stack
-
-    from gpumon.server import create_app
+    from gpumon.server import create_app  # here, not at module level: snapshot and doctor need no web stack
 
     # The event loop shares the GIL with the sampler's threads; with the default 5 ms switch interval a sweep
     # can hold a scrape back for several slices. 1 ms roughly halves /metrics p99 (docs/performance.md).
@@ -169,10 +167,7 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
         log.warning(
             'these are SIMULATED GPUs: every number served is made up (gpumon_build_info{backend="sim"})'
         )
-    config = uvicorn.Config(
-        app, log_config=None, access_log=False, lifespan="off", timeout_graceful_shutdown=3
-    )
-    config.load()
+    config = _uvicorn_config(app)
     config.ssl = guard.ssl_context if guard is not None else None  # TCP only: see _server
     sim_training = _sim_training(sampler, settings, sock)
     # uvicorn handles SIGTERM while serving, then restores the previous handler and raises the signal again;
@@ -234,20 +229,23 @@ def _sim_training(sampler: Sampler, settings: Settings, sock: socket.socket) -> 
     return SimTraining(sim, url, settings.ingest_token)
 
 
+def _uvicorn_config(app: Any) -> uvicorn.Config:
+    import uvicorn  # here, not at module level: snapshot and doctor do not need the web stack
+
+    config = uvicorn.Config(
+        app, log_config=None, access_log=False, lifespan="off", timeout_graceful_shutdown=3
+    )
+    config.load()
+    return config
+
+
 def _server(config: uvicorn.Config, sim_training: SimTraining | None, guard: Guard | None) -> uvicorn.Server:
     """A uvicorn server that starts the simulated ranks once it accepts their reports, and closes them (their
     final reports included) while it still does."""
     import uvicorn
 
     # the same app and settings on the unix socket, with its requests marked as such (listen.py)
-    unix_config = uvicorn.Config(
-        MarkUnixSocket(config.app),
-        log_config=None,
-        access_log=False,
-        lifespan="off",
-        timeout_graceful_shutdown=config.timeout_graceful_shutdown,
-    )
-    unix_config.load()
+    unix_config = _uvicorn_config(MarkUnixSocket(config.app))
 
     class Server(uvicorn.Server):
         async def startup(self, sockets: list[socket.socket] | None = None) -> None:
