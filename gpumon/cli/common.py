@@ -163,24 +163,29 @@ def _try_dcgm(backend: NvmlBackend, sampler: Sampler, settings: Settings) -> Non
         backend.gpm = False
 
 
-def open_sampler(settings: Settings, command: str) -> Sampler:
-    """The sampler over the backend the settings ask for, opened. Raises BackendUnavailable with advice."""
+def open_sampler(settings: Settings, command: str, *, wait: bool = False) -> Sampler:
+    """The sampler over the backend the settings ask for, opened. Raises BackendUnavailable with advice.
 
-    def opened(backend: NvmlBackend) -> Sampler:
+    With ``wait`` and a backend named explicitly (``--backend nvml``, or simulated GPUs), a driver that
+    is not there yet is waited for instead (Sampler.open); ``--backend auto`` still explains and exits."""
+
+    def opened(backend: NvmlBackend, *, wait: bool = False) -> Sampler:
         backend.gpm = settings.profiling in ("auto", "gpm")
         backend.processes = settings.processes
         sampler = Sampler(backend, interval=settings.interval, timeout=settings.deadline)
-        sampler.open()
         if settings.profiling in ("auto", "dcgm") and backend.name == "nvml":
-            _try_dcgm(backend, sampler, settings)
+            sampler.on_open.append(lambda: _try_dcgm(backend, sampler, settings))
         if settings.events:
             sampler.events = EventWatcher(backend.nv, sampler.devices)
         if settings.processes:
             sampler.attributor = attributor(backend, settings)
+        sampler.open(wait=wait)
         return sampler
 
     if settings.simulated:
-        return opened(simulated_backend(settings.simulate or DEFAULT_SIMULATION, settings))
+        return opened(simulated_backend(settings.simulate or DEFAULT_SIMULATION, settings), wait=wait)
+    if settings.backend == "nvml" and wait:
+        return opened(NvmlBackend(), wait=True)
     try:
         return opened(NvmlBackend())
     except BackendUnavailable as exc:
@@ -194,5 +199,6 @@ def open_sampler(settings: Settings, command: str) -> Sampler:
         raise BackendUnavailable(
             f"no usable NVIDIA driver: {exc}. To run with simulated GPUs instead: gpumon {command} "
             f"--simulate {DEFAULT_SIMULATION} (or add --simulate-if-no-gpu {DEFAULT_SIMULATION} to fall back "
-            "automatically)"
+            "automatically); on a node where the driver is loaded after gpumon starts, give --backend nvml "
+            "to wait for it"
         ) from None

@@ -109,7 +109,8 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
         except Exception:
             sock.close()
             raise
-    sampler = open_sampler(settings, "serve")
+    # a daemon on a GPU node outlives the driver loading late (the GPU operator installs it after boot)
+    sampler = open_sampler(settings, "serve", wait=True)
     backend = sampler.backend.name
 
     def source() -> Snapshot | None:

@@ -206,7 +206,8 @@ def build_families(snap: Snapshot, *, owner_labels: bool = False, node: str | No
     if node is not None:
         f[M.NODE_INFO.name].add_metric([node], 1)
     d = snap.driver
-    f[M.DRIVER_INFO.name].add_metric([d.driver_version, d.cuda_driver_version, d.nvml_version], 1)
+    if d.driver_version or d.nvml_version:  # absent while the daemon waits for the driver to load
+        f[M.DRIVER_INFO.name].add_metric([d.driver_version, d.cuda_driver_version, d.nvml_version], 1)
     f[M.DEVICE_COUNT.name].add_metric([], snap.device_count)
     f[M.SAMPLE_INTERVAL.name].add_metric([], snap.interval_seconds)
     f[M.LAST_SAMPLE.name].add_metric([], snap.timestamp)

@@ -19,7 +19,7 @@ from gpumon.gpu.attribution.owners import Attributor, GpuOwnership
 from gpumon.gpu.backend import Backend, Device
 from gpumon.gpu.events import EventsView, EventWatcher
 from gpumon.gpu.snapshot import CollectorStatus, ErrorKey, GpuStatus, Snapshot
-from gpumon.gpu.types import DeviceDown, DriverInfo, ReadResult
+from gpumon.gpu.types import BackendUnavailable, DeviceDown, DriverInfo, ReadResult
 from gpumon.host import HostReading, HostSampler
 
 log = logging.getLogger("gpumon.sampler")
@@ -128,6 +128,12 @@ class Sampler:
         self._unidentified = 0
         self._next_discovery = 0.0
         self._discovering: threading.Thread | None = None
+        self.waiting: str | None = None  # why the backend has not started yet (open(wait=True))
+        self._opening: threading.Thread | None = None
+        self._open_backoff = 0.0
+        self._next_open = 0.0
+        # run once the backend has started, before the first sweep reads GPUs (DCGM, for one)
+        self.on_open: list[Callable[[], None]] = []
         self._driver: DriverInfo | None = None
         self._snapshot: Snapshot | None = None
         # called with every new snapshot, on the sampling thread: quick, and never trusted not to raise
@@ -138,20 +144,75 @@ class Sampler:
         self.last_sweep_monotonic = 0.0
 
     # -- lifecycle -------------------------------------------------------------------------------------
-    def open(self) -> None:
-        """Start the backend and identify GPUs. Raises BackendUnavailable."""
-        devices = self.backend.open()
-        self._driver = self.backend.driver_info()
+    def open(self, *, wait: bool = False) -> None:
+        """Start the backend and identify GPUs. Raises BackendUnavailable, unless ``wait``: then sampling
+        runs without GPUs (the gpu collector failing, each attempt counted) and the backend is tried again
+        with backoff until it starts, as when a driver is installed after the daemon (GPU operator)."""
+        try:
+            devices = self.backend.open()
+        except BackendUnavailable as exc:
+            if not wait:
+                raise
+            self._unavailable(exc)
+            return
+        self._opened(devices)
+
+    def _opened(self, devices: Sequence[Device]) -> None:
         self._add(devices)
         self._unidentified = max(0, self.backend.device_count - len(devices))
         self._next_discovery = self.clock() + DISCOVERY_EVERY
         if not devices:
             log.warning("no GPUs found by %s", self.backend.name)
+        for hook in self.on_open:
+            try:
+                hook()
+            except Exception:  # DCGM or another optional source: the GPUs are sampled without it
+                log.exception("a step after %s started failed; sampling carries on", self.backend.name)
+        self._driver = self.backend.driver_info()  # last: from here on, sweeps read the GPUs
+        self.waiting = None
+        if self._thread is not None and self.events is not None:
+            self.events.start()  # a daemon that waited for the driver: events from now on
+
+    def _unavailable(self, exc: BackendUnavailable) -> None:
+        first = self.waiting is None
+        self.waiting = str(exc)
+        backoff = self._open_backoff
+        self._open_backoff = min(BACKOFF_MAX, backoff * 2 if backoff else BACKOFF_INITIAL)
+        self._next_open = self.clock() + self._open_backoff
+        self._count(("", "", exc.op, exc.kind), str(exc), quiet=first)  # the first is logged below
+        if first:
+            log.warning("%s; serving without GPUs and trying again with backoff", exc)
+
+    def _maybe_open(self, now: float) -> None:
+        # off the sampling thread: nvmlInit can hang in a driver that is half loaded
+        if now < self._next_open or (self._opening is not None and self._opening.is_alive()):
+            return
+        self._next_open = float("inf")  # set again by the attempt
+
+        def attempt() -> None:
+            try:
+                devices = self.backend.open()
+            except BackendUnavailable as exc:
+                self._unavailable(exc)
+                return
+            except Exception as exc:  # a bug must not end the retries silently
+                log.exception("starting %s failed", self.backend.name)
+                self._unavailable(BackendUnavailable(repr(exc), kind=type(exc).__name__))
+                return
+            name, attempts = self.backend.name, self._attempts()
+            log.info("%s started after %d attempt(s): %d GPU(s)", name, attempts, len(devices))
+            self._opened(devices)
+
+        self._opening = threading.Thread(target=attempt, name="gpumon-open", daemon=True)
+        self._opening.start()
+
+    def _attempts(self) -> int:
+        return 1 + sum(n for (gpu, _, op, _), n in self._errors.items() if not gpu and op == "nvmlInit")
 
     def start(self) -> None:
-        if self._driver is None:
+        if self._driver is None and self.waiting is None:
             self.open()
-        if self.events is not None:
+        if self.events is not None and self._driver is not None:
             self.events.start()
         self._thread = threading.Thread(target=self._loop, name="gpumon-sampler", daemon=True)
         self._thread.start()
@@ -234,14 +295,17 @@ class Sampler:
 
     # -- one sweep -------------------------------------------------------------------------------------
     def sweep(self) -> Snapshot:
-        if self._driver is None:
-            raise RuntimeError("Sampler.open() must succeed before sweeping")
         driver = self._driver
+        if driver is None and self.waiting is None:
+            raise RuntimeError("Sampler.open() must succeed before sweeping")
         started = time.monotonic()
         deadline = started + self.timeout
         now = self.clock()
         self._sweeps += 1
         seq = self._sweeps
+        if driver is None:
+            self._maybe_open(now)
+            return self._publish(self._snapshot_without_gpus(seq))
         workers = list(self._workers)
         events = self.events.view() if self.events is not None else None
         asked: list[_Worker] = []
@@ -286,6 +350,25 @@ class Sampler:
             events=events,
             owners=owners,
         )
+        return self._publish(snap)
+
+    def _snapshot_without_gpus(self, seq: int) -> Snapshot:
+        """What a sweep sees while the backend has not started: the host, and the gpu collector failing."""
+        host, host_status = self._read_host()
+        return Snapshot(
+            timestamp=time.time(),
+            sweep=seq,
+            interval_seconds=self.interval,
+            backend=self.backend.name,
+            driver=DriverInfo("", "", ""),
+            device_count=0,
+            gpus=(),
+            host=host,
+            collectors=(CollectorStatus("gpu", False, 0.0), host_status),
+            errors=MappingProxyType(dict(self._errors)),
+        )
+
+    def _publish(self, snap: Snapshot) -> Snapshot:
         self._snapshot = snap  # one reference swap: a scrape sees the old snapshot or the new, never a mix
         self.last_sweep_monotonic = time.monotonic()
         for listener in self.listeners:

@@ -192,3 +192,8 @@ class DeviceDown(Exception):
 
 class BackendUnavailable(Exception):
     """No GPUs can be reached through this backend (no driver, library missing)."""
+
+    def __init__(self, message: str, *, op: str = "nvmlInit", kind: str = "exception") -> None:
+        super().__init__(message)
+        self.op = op  # the call that failed and how, for gpumon_errors_total while the daemon waits
+        self.kind = kind

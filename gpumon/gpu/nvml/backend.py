@@ -77,9 +77,10 @@ class NvmlBackend:
         try:
             self.nv.nvmlInit()
         except pynvml.NVMLError as exc:
-            raise BackendUnavailable(f"NVML could not start: {exc} ({error_kind(exc)})") from exc
+            kind = error_kind(exc)
+            raise BackendUnavailable(f"NVML could not start: {exc} ({kind})", kind=kind) from exc
         except OSError as exc:  # a broken libnvidia-ml.so surfaces from ctypes, not as an NVMLError
-            raise BackendUnavailable(f"NVML could not start: {exc}") from exc
+            raise BackendUnavailable(f"NVML could not start: {exc}", kind="OSError") from exc
         self._initialized = True
 
     def _reinit(self) -> None:
