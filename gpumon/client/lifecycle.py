@@ -24,11 +24,14 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from gpumon.client.reporter import Reporter
+    from gpumon.client.transport import Shipper
 
 # for all live Reporters together: interpreter exit must not hang on a dead or slow daemon
 AT_EXIT_TIMEOUT = 2.0
-# weak, so a Reporter a program drops is collected rather than kept for a final report
+# weak, so a Reporter a program drops is collected rather than kept; its thread then sends its final report
 _live: weakref.WeakSet[Reporter] = weakref.WeakSet()
+# the threads sending those final reports (each keeps its Shipper alive while it runs): exit waits for them
+_orphans: weakref.WeakSet[Shipper] = weakref.WeakSet()
 
 
 def track(reporter: Reporter) -> None:
@@ -59,16 +62,24 @@ def forget(reporter: Reporter) -> None:
     _live.discard(reporter)
 
 
+def orphaned(shipper: Shipper) -> None:
+    """``shipper``'s Reporter was collected; its thread is sending the final report: wait for it at exit."""
+    _orphans.add(shipper)
+
+
 def _close_all() -> None:
     deadline = time.monotonic() + AT_EXIT_TIMEOUT
     for reporter in list(_live):
         reporter.close(timeout=max(0.0, deadline - time.monotonic()))
+    for shipper in list(_orphans):
+        shipper.join(deadline - time.monotonic())
 
 
 def _after_fork_in_child() -> None:
     for reporter in list(_live):
         reporter._forked()
     _live.clear()
+    _orphans.clear()  # their threads are the parent's
 
 
 atexit.register(_close_all)

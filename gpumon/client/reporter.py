@@ -311,12 +311,30 @@ class Reporter:
         if self._shipper is not None:
             self._shipper.close(timeout)
 
+    def __del__(self) -> None:
+        # Collected without close(): the usual ``def main(): r = Reporter(...); train(r)`` drops it when
+        # main() returns, before the exit hooks run. Its last counts and a final report are still owed
+        # (without one the daemon counts the rank lost); building the report is cheap and the sender thread
+        # sends it, so the thread dropping the last reference never waits, and the exit hooks wait for it.
+        try:
+            shipper = self._shipper
+            if self._on and not self._closed and shipper is not None:
+                self._closed = True
+                shipper.orphan(self._report(True))
+                lifecycle.orphaned(shipper)
+        except Exception:
+            pass  # a finalizer must not raise (at interpreter teardown the modules may be half gone)
+
     def _forked(self) -> None:
         """In a forked child (a DataLoader worker) the parent goes on reporting and this copy goes quiet: no
         thread, no reports. The parent's threads may have held the locks at fork time, so they are replaced;
         the inherited connection is dropped without a byte sent on it."""
         self._on = False
         self._closed = True
+        if self._shipper is not None:
+            # dropping the reference is not enough: the parent's sender thread, frozen in the child mid-call,
+            # keeps the socket referenced, and the worker would hold the parent's connection open for life
+            self._shipper.sender.transport.abandon()
         self._shipper = None
         self._lock = threading.Lock()
         self._close_lock = threading.Lock()

@@ -10,6 +10,7 @@ import contextlib
 import http.client
 import json
 import logging
+import os
 import random
 import socket
 import threading
@@ -124,6 +125,16 @@ class Transport:
             with contextlib.suppress(OSError):
                 conn.close()
 
+    def abandon(self) -> None:
+        """In a forked child: close this process's copy of the connection's socket and nothing else. No
+        shutdown() and no TLS close_notify, so the parent's connection is untouched; nor conn.close(), which
+        could wait forever on a buffered-reader lock the parent's sender thread held at fork time."""
+        conn, self._conn = self._conn, None
+        sock = conn.sock if conn is not None else None
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                os.close(sock.detach())  # detached: the socket object will not close the fd number again
+
 
 def _detail(data: bytes) -> str:
     try:
@@ -219,6 +230,7 @@ class Shipper:
         self._lock = threading.Lock()
         self._closed = False
         self._logged_error = False
+        self._last: dict[str, Any] | None = None  # the final report of a Reporter collected without close()
         self.thread = threading.Thread(target=self._run, name="gpumon-reporter", daemon=True)
 
     def start(self) -> None:
@@ -242,13 +254,39 @@ class Shipper:
         while not self._stop.wait(delay):
             with self._lock:
                 if self._closed or self._build() is None:
-                    return
+                    break
                 try:
                     self._ship(False, None)
                     delay = self.sender.next_delay()
                 except Exception:
                     self._error("the reporter thread")
                     delay = MAX_BACKOFF
+        self._finish()
+
+    def orphan(self, report: dict[str, Any]) -> None:
+        """The Reporter was collected without close(): the thread sends ``report``, its final one, then ends.
+        Takes no lock and does no I/O: the collection may happen on any thread, this one included."""
+        self._last = report
+        self._stop.set()
+
+    def _finish(self) -> None:
+        """The thread's way out: an orphaned Reporter's final report, then the connection closed. close() may
+        have stopped waiting for a report in flight, whose answer then left the connection kept alive; when it
+        did not, its final report opens a fresh connection, one connect per Reporter."""
+        report, self._last = self._last, None
+        with self._lock:
+            try:
+                if report is not None and not self._closed:
+                    self._closed = True
+                    self.sender.send(report)
+            except Exception:
+                self._error("the final report")
+            finally:
+                self.sender.close()
+
+    def join(self, timeout: float) -> None:
+        if self.thread.is_alive() and self.thread is not threading.current_thread():
+            self.thread.join(max(0.0, timeout))
 
     def flush(self, timeout: float) -> bool:
         deadline = time.monotonic() + max(0.0, timeout)
