@@ -5,8 +5,9 @@ name), GPU count, dtype and FLOPs convention (MFU under PaLM's and Megatron's co
 tokens/s per GPU, step time, MFU and tokens per joule, and says who recorded it, when and how. Two entries
 with one key would make the comparison ambiguous, so a library with such a pair is refused.
 
-Writes are atomic (a temporary file in the same directory, fsync, rename) under an advisory lock, so the
-daemon never reads half a file and two ``gpumon baseline`` commands cannot lose each other's entries.
+Writes are atomic (a temporary file in the same directory, fsync, rename, fsync of the directory) under an
+advisory lock, so the daemon never reads half a file, two ``gpumon baseline`` commands cannot lose each
+other's entries, and a writer killed at any point leaves the old library or the new one.
 """
 
 from __future__ import annotations
@@ -16,8 +17,10 @@ import fcntl
 import math
 import os
 import re
+import secrets
+import stat
 import sys
-import tempfile
+import time
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
@@ -31,6 +34,7 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 VERSION = 1
+LOCK_TIMEOUT = 30.0  # seconds a writer waits for another; a write holds the lock for milliseconds
 FIGURES = ("tokens_per_second_per_gpu", "step_time_seconds", "mfu", "tokens_per_joule")
 _NAME = re.compile(NAME_PATTERN)
 HEADER = (
@@ -178,7 +182,11 @@ def parse(data: Mapping[str, Any], where: str = "baselines") -> Library:
     entries = data.get("baseline", [])
     if not isinstance(entries, list):
         raise LibraryError(f"{where}: 'baseline' must be an array of tables ([[baseline]])")
-    return Library(tuple(_entry(e, f"{where}: baseline #{i + 1}") for i, e in enumerate(entries)))
+    parsed = tuple(_entry(e, f"{where}: baseline #{i + 1}") for i, e in enumerate(entries))
+    try:
+        return Library(parsed)
+    except LibraryError as exc:  # duplicate names or keys: say which file holds them
+        raise LibraryError(f"{where}: {exc}") from None
 
 
 def _entry(e: object, where: str) -> Baseline:
@@ -226,6 +234,11 @@ def _str(e: Mapping[str, Any], k: str, where: str, required: bool = False) -> st
     v = e.get(k, "")
     if not isinstance(v, str) or (required and not v.strip()):
         raise LibraryError(f"{where}: {k} must be {'a non-empty' if required else 'a'} string, got {v!r}")
+    if not v.isascii():
+        try:  # a lone surrogate (bytes a terminal could not decode, a JSON "\ud800") cannot be written
+            v.encode("utf-8")
+        except UnicodeEncodeError:
+            raise LibraryError(f"{where}: {k} is not valid Unicode text, got {v!r}") from None
     return v
 
 
@@ -243,70 +256,172 @@ def render(lib: Library) -> str:
 
 
 def load(path: str) -> Library:
-    """The library at ``path``; an empty one when the file does not exist."""
+    """The library at ``path``; an empty one when the file does not exist. Anything else that is not a
+    library (a directory, a pipe, an empty or binary file, TOML of another shape) is a LibraryError that
+    names the file and what is wrong with it."""
     try:
-        with open(path, "rb") as fh:
-            data = tomllib.load(fh)
+        # non-blocking, so that a FIFO in the file's place cannot hang the daemon's reload
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
         return Library()
+    except OSError as exc:
+        raise LibraryError(f"{path}: cannot read: {exc.strerror}") from None
+    try:
+        raw = _read_regular_file(path, fd)
+    except OSError as exc:
+        raise LibraryError(f"{path}: cannot read: {exc.strerror}") from None
+    finally:
+        os.close(fd)
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise LibraryError(
+            f"{path}: not UTF-8 text (byte {exc.start} is {raw[exc.start]:#04x}): not a baseline library"
+        ) from None
+    try:
+        data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise LibraryError(f"{path}: not valid TOML: {exc}") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise LibraryError(f"{path}: cannot read: {exc}") from None
+    except RecursionError:  # tomllib recurses per nested array or inline table
+        raise LibraryError(f"{path}: not valid TOML: arrays or tables nested too deeply") from None
     return parse(data, path)
+
+
+def _read_regular_file(path: str, fd: int) -> bytes:
+    mode = os.fstat(fd).st_mode
+    if stat.S_ISDIR(mode):
+        raise LibraryError(f"{path}: is a directory, not a library file")
+    if not stat.S_ISREG(mode):
+        raise LibraryError(f"{path}: is not a regular file (a device, pipe or socket), not a library file")
+    chunks = []
+    while chunk := os.read(fd, 1 << 20):
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def save(path: str, lib: Library) -> None:
     """Replace the file atomically: readers see the old library or the new one, never a torn write. A
-    symlinked path is written through to its target, and an existing file keeps its permissions."""
+    symlinked path is written through to its target, and an existing file keeps its permissions (and,
+    written by root, its owner). Takes no lock (``export -o`` should not leave a lock file beside what it
+    writes): a change to a library in use goes through ``editing``."""
     path = os.path.realpath(path)
-    directory = os.path.dirname(path)
-    text = render(lib)
-    try:
-        mode = os.stat(path).st_mode & 0o7777
-    except OSError:
-        mode = 0o644
-    parse(tomllib.loads(text), path)  # never write what we could not read back
-    try:
-        os.makedirs(directory, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".baselines.", suffix=".tmp", dir=directory)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                fh.write(text)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.chmod(tmp, mode)
-            os.replace(tmp, path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
-        dfd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
-    except OSError as exc:
-        raise LibraryError(f"{path}: cannot write: {exc}") from None
+    _write(path, _checked_rendering(path, lib))
 
 
 @contextlib.contextmanager
 def editing(path: str) -> Iterator[list[Library]]:
     """Read-modify-write under an exclusive lock on ``PATH.lock``: yields a one-element list holding the
-    current library; whatever library the block leaves in it is saved (unchanged: nothing is written)."""
+    current library; whatever library the block leaves in it is saved (unchanged: nothing is written). A
+    file that is not a valid library is never written over."""
     path = os.path.realpath(path)  # one lock per file, however it is reached
-    directory = os.path.dirname(path)
-    try:
-        os.makedirs(directory, exist_ok=True)
-        lock = os.open(path + ".lock", os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError as exc:
-        raise LibraryError(f"{path}: cannot lock for writing: {exc}") from None
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        before = load(path)
+    with _locked(path):
+        try:
+            before = load(path)
+        except LibraryError as exc:
+            raise LibraryError(f"{exc}; nothing was written (fix the file, or move it aside)") from None
         box = [before]
         yield box
         if box[0] is not before:
-            save(path, box[0])
+            text = _checked_rendering(path, box[0])
+            _remove_stale_temporaries(path)
+            _write(path, text)
+
+
+def _checked_rendering(path: str, lib: Library) -> str:
+    text = render(lib)
+    parse(tomllib.loads(text), path)  # never write what we could not read back
+    return text
+
+
+@contextlib.contextmanager
+def _locked(path: str) -> Iterator[None]:
+    """Hold ``PATH.lock`` exclusively. The kernel drops a flock when its holder dies however it dies, so a
+    crashed writer never leaves a stale lock; one that hangs holding it makes the next writer give up
+    after LOCK_TIMEOUT with its pid, rather than wait forever."""
+    lock_path = path + ".lock"
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError as exc:
+        raise LibraryError(f"{path}: cannot lock for writing: {exc.strerror}; nothing was written") from None
+    try:
+        deadline = time.monotonic() + LOCK_TIMEOUT
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise LibraryError(
+                        f"{lock_path}: another writer{_holder(fd)} has held it for over {LOCK_TIMEOUT:g} s; "
+                        "nothing was written (is a gpumon baseline command stuck?)"
+                    ) from None
+                time.sleep(0.02)
+        with contextlib.suppress(OSError):  # who holds it, for the message above; advisory only
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield
     finally:
-        os.close(lock)
+        os.close(fd)
+
+
+def _holder(fd: int) -> str:
+    try:
+        pid = os.pread(fd, 32, 0).decode("ascii").strip()
+    except (OSError, UnicodeDecodeError):
+        return ""
+    return f" (pid {pid})" if pid.isdigit() else ""
+
+
+def _write(path: str, text: str) -> None:
+    """Write ``text`` to the resolved ``path``: a temporary file beside it, fsync, rename, fsync of the
+    directory, so that after a crash or power cut the path holds the old library or the new one, whole."""
+    directory, base = os.path.split(path)
+    try:
+        os.makedirs(directory, exist_ok=True)
+        try:
+            st: os.stat_result | None = os.stat(path)
+        except FileNotFoundError:
+            st = None
+        tmp = os.path.join(directory, f".{base}.{secrets.token_hex(6)}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        try:
+            try:
+                if st is not None and (st.st_uid, st.st_gid) != (os.geteuid(), os.getegid()):
+                    # root writing the daemon's user's file: a root-owned 0600 file it could not read
+                    with contextlib.suppress(PermissionError):
+                        os.fchown(fd, st.st_uid, st.st_gid)
+                os.fchmod(fd, stat.S_IMODE(st.st_mode) if st is not None else 0o644)
+                view = memoryview(text.encode("utf-8"))
+                while view:
+                    view = view[os.write(fd, view) :]
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+        dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            os.fsync(dfd)  # the rename itself, which lives in the directory
+        finally:
+            os.close(dfd)
+    except OSError as exc:
+        raise LibraryError(f"{path}: cannot write: {exc.strerror or exc}") from None
+
+
+def _remove_stale_temporaries(path: str) -> None:
+    """Temporary files of this library that a writer killed mid-write left behind. Every writer holds the
+    lock while its temporary file exists, and the caller holds it now, so none of these is in use."""
+    directory, base = os.path.split(path)
+    stale = re.compile(re.escape(f".{base}.") + r"[0-9a-f]{12}\.tmp")
+    try:
+        found = os.listdir(directory)
+    except OSError:
+        return  # the write that follows says what is wrong with the directory
+    for name in found:
+        if stale.fullmatch(name):
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(directory, name))
