@@ -20,7 +20,7 @@ from gpumon.exposition import Renderer
 from gpumon.gpu.collector import SnapshotCollector
 from gpumon.gpu.compat_dcgm import DcgmCompatCollector
 from gpumon.gpu.snapshot import Snapshot, snapshot_json
-from gpumon.training.api import Ingest
+from gpumon.training.api import Ingest, Reason
 from gpumon.training.api import router as training_router
 from gpumon.training.service import Training
 
@@ -56,9 +56,14 @@ def negotiate(accept: str) -> tuple[Callable[[Any], bytes], str]:
         return generate_latest, TEXT_0_0_4
 
 
-def renders_natively(content_type: str) -> bool:
+def dots_escaping(content_type: str) -> bool:
+    """Whether the negotiated format asks for dots name escaping. Every gpumon name is a legacy (pre-UTF-8)
+    name, which the underscores, allow-utf-8 and values schemes all leave as it is; only dots changes it.
+    The renderer writes every scheme: prometheus_client 0.26 breaks two of them, writing U__-prefixed
+    sample names under unprefixed HELP and TYPE lines (OpenMetrics, values) and escaping the _bucket, _sum
+    and _count suffixes out of their histogram (dots); promtool rejects both."""
     m = _ESCAPING.search(content_type)
-    return m is None or m.group(1) in ("underscores", "allow-utf-8")
+    return m is not None and m.group(1) == "dots"
 
 
 def create_app(
@@ -85,35 +90,51 @@ def create_app(
     # async: the exposition is formatted on the event loop, start to finish, instead of in a worker thread
     # that trades the interpreter lock with the loop every millisecond while SDK reports arrive; under
     # 2,000 reports/s that halved scrape latency (docs/performance.md). Nothing here waits or calls NVML.
-    @app.get("/metrics", summary="Prometheus exposition (text 0.0.4 or OpenMetrics by Accept; gzip)")
+    @app.get(
+        "/metrics",
+        summary="Prometheus exposition (text 0.0.4 or OpenMetrics by Accept; gzip)",
+        response_class=PlainTextResponse,
+        responses={200: {"content": {"application/openmetrics-text": {}}}},
+    )
     async def metrics(request: Request) -> Response:
-        encoder, content_type = negotiate(request.headers.get("accept", ""))
+        _, content_type = negotiate(request.headers.get("accept", ""))
         names = request.query_params.getlist("name[]")
         source = registry.restricted_registry(names) if names else registry
-        if renders_natively(content_type):
-            om = content_type.startswith("application/openmetrics")
-            body = renderer.render(source.collect(), openmetrics_format=om)
-        else:  # a name-escaping scheme (dots, values) our renderer does not write: the library's encoder does
-            body = encoder(source)
+        om = content_type.startswith("application/openmetrics")
+        body = renderer.render(source.collect(), openmetrics_format=om, dots=dots_escaping(content_type))
         headers = {"Content-Type": content_type}
         if "gzip" in request.headers.get("accept-encoding", ""):
             body = gzip.compress(body, compresslevel=GZIP_LEVEL)
             headers["Content-Encoding"] = "gzip"
         return Response(body, headers=headers)
 
-    @app.get("/healthz", response_class=PlainTextResponse, summary="Liveness: the sampler is running")
+    @app.get(
+        "/healthz",
+        response_class=PlainTextResponse,
+        summary="Liveness: the sampler is running",
+        responses={503: {"description": "The sampler stalled", "content": {"text/plain": {}}}},
+    )
     def healthz() -> Response:
         if alive():
             return PlainTextResponse("ok\n")
         return PlainTextResponse("sampler stalled: no sweep completed recently\n", status_code=503)
 
-    @app.get("/readyz", response_class=PlainTextResponse, summary="Readiness: the first sample exists")
+    @app.get(
+        "/readyz",
+        response_class=PlainTextResponse,
+        summary="Readiness: the first sample exists",
+        responses={503: {"description": "No sample yet", "content": {"text/plain": {}}}},
+    )
     def readyz() -> Response:
         if source() is None:
             return PlainTextResponse("not ready: waiting for the first sample\n", status_code=503)
         return PlainTextResponse("ready\n")
 
-    @app.get("/v1/gpus", summary="The latest snapshot as JSON: readings in base units, health, capabilities")
+    @app.get(
+        "/v1/gpus",
+        summary="The latest snapshot as JSON: readings in base units, health, capabilities",
+        responses={503: {"model": Reason, "description": "No sample yet"}},
+    )
     def gpus() -> Response:
         snap = source()
         if snap is None:

@@ -179,7 +179,7 @@ def test_odd_accept_headers_are_negotiated_like_prometheus_client_does(node, acc
     assert "gpumon_gpu_up" in r.text
 
 
-def test_escaping_schemes_the_renderer_does_not_write_use_prometheus_clients_encoder(node) -> None:
+def test_dots_escaping_doubles_underscores(node) -> None:
     r = node.get("/metrics", headers={"Accept": "text/plain; version=1.0.0; escaping=dots"})
     assert r.status_code == 200 and "escaping=dots" in r.headers["content-type"]
     assert "gpumon__gpu__up{" in r.text  # dots escaping doubles underscores, as prometheus_client writes it

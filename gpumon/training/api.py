@@ -16,6 +16,7 @@ from typing import Any
 
 from fastapi import APIRouter, Response
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gpumon.client import protocol as P
@@ -28,6 +29,20 @@ from gpumon.training.jobfigures import against, baseline_json
 from gpumon.training.jobjson import job_json
 from gpumon.training.library_watch import LibraryWatch
 from gpumon.training.store import Conflict, LimitExceeded, Stale
+
+
+class Reason(BaseModel):
+    """Every 4xx and 503 answer: why. A string, or FastAPI's list of validation errors for a bad parameter."""
+
+    detail: str | list[Any]
+
+
+NOT_FOUND: dict[int | str, dict[str, Any]] = {
+    404: {"model": Reason, "description": "No such job on this node"}
+}
+BAD_PARAMETER: dict[int | str, dict[str, Any]] = {
+    422: {"model": Reason, "description": "A parameter is invalid"}
+}
 
 
 @dataclass(frozen=True)
@@ -99,8 +114,12 @@ class Ingest:
         if body is None:
             return self._refuse("too_large", 413, f"report larger than {P.MAX_BODY_BYTES} bytes")
         try:
-            data = json.loads(body)
-        except (ValueError, RecursionError) as exc:
+            data = _DECODER.decode(body.decode("utf-8"))
+        except DuplicateKey as exc:
+            return self._refuse("invalid", 422, str(exc))
+        except RecursionError:
+            return self._refuse("invalid", 400, "the body nests JSON deeper than any report (3 levels)")
+        except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError: RFC 8259 JSON is UTF-8
             return self._refuse("invalid", 400, f"the body is not JSON: {exc}")
         try:
             report = reports.parse(data)
@@ -119,6 +138,29 @@ class Ingest:
             return self._refuse("invalid", 422, str(exc))
         self.stats.count("accepted")
         return 204, ""
+
+
+class DuplicateKey(ValueError):
+    """A JSON object names one key twice: json.loads would keep the last silently."""
+
+
+def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj = dict(pairs)
+    if len(obj) != len(pairs):  # the slow way only to name the key
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise DuplicateKey(
+                    f"{reports.show(key)} appears twice in one JSON object; give each field once"
+                )
+            seen.add(key)
+    return obj
+
+
+# Refuses duplicate keys, which json.loads resolves by keeping the last one: {"rank": 0, ..., "rank": 3}
+# must not be read as rank 3 without a word, any more than an unknown field is dropped without one.
+# The hook costs ~3 us a report (~5 % of decoding and validating it).
+_DECODER = json.JSONDecoder(object_pairs_hook=_unique)
 
 
 async def _body(length: bytes | None, receive: Receive) -> bytes | None:
@@ -166,7 +208,9 @@ def router(
         )
 
     @api.get(
-        "/v1/jobs/{job:path}", summary="One job: every rank's figures, its GPUs, the diagnosis and evidence"
+        "/v1/jobs/{job:path}",
+        summary="One job: every rank's figures, its GPUs, the diagnosis and evidence",
+        responses=NOT_FOUND,
     )
     def job(job: str) -> Response:
         found = analysis.jobs(only=job)
@@ -176,7 +220,7 @@ def router(
                 doc["baseline"] = baseline_json(against(found[0], library.library()))
             return JSONResponse(doc)
         return JSONResponse(
-            {"detail": f"no job {job!r} reports to this node (GET /v1/jobs lists those that do)"},
+            {"detail": f"no job {reports.show(job)} reports to this node (GET /v1/jobs lists those that do)"},
             status_code=404,
         )
 
@@ -185,16 +229,15 @@ def router(
         @api.get(
             "/v1/history/{job:path}",
             summary="A job's samples every 10 s over the last hour (for gpumon baseline record)",
+            responses={**NOT_FOUND, **BAD_PARAMETER},
         )
         def job_history(job: str, window: float | None = None) -> Response:
             if window is not None and not window > 0:
                 return JSONResponse({"detail": "window must be a positive number of seconds"}, 422)
             doc = history.json(job, window)
             if doc is None:
-                return JSONResponse(
-                    {"detail": f"no history for job {job!r} on this node (GET /v1/jobs lists the jobs)"},
-                    status_code=404,
-                )
+                why = f"no history for job {reports.show(job)} on this node (GET /v1/jobs lists the jobs)"
+                return JSONResponse({"detail": why}, status_code=404)
             return JSONResponse(doc)
 
     if library is not None:

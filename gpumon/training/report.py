@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import re
+import reprlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +20,8 @@ _NAME = re.compile(P.NAME_PATTERN)
 _PHASE = re.compile(P.PHASE_PATTERN)
 _INCARNATION = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _DEVICE = re.compile(P.DEVICE_PATTERN)
+_CONTAINER = reprlib.Repr()
+_CONTAINER.maxlevel = 3
 _CLOCK_SLACK = 5.0  # seconds a report's own times may disagree (rounding, a clock read a moment apart)
 _KNOWN = frozenset(
     [
@@ -112,9 +115,9 @@ def _fields(data: Any) -> Report:
         raise InvalidReport("the body must be a JSON object")
     unknown = sorted(set(data) - _KNOWN)
     if unknown:
-        raise InvalidReport(f"unknown field {unknown[0]!r} (protocol version {P.VERSION})")
+        raise InvalidReport(f"unknown field {show(unknown[0])} (protocol version {P.VERSION})")
     if data.get("v") != P.VERSION or isinstance(data.get("v"), bool | float):
-        raise InvalidReport(f"v: this daemon speaks protocol version {P.VERSION}, got {_show(data.get('v'))}")
+        raise InvalidReport(f"v: this daemon speaks protocol version {P.VERSION}, got {show(data.get('v'))}")
     world = _int(data, "world_size", 1, 1 << 20)
     local = data.get("local_rank")
     anchor = data.get("anchor")
@@ -184,15 +187,15 @@ def _peak(data: Mapping[str, Any]) -> float | None:
 def _int(data: Mapping[str, Any], key: str, lo: int, hi: int) -> int:
     value = data.get(key)
     if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidReport(f"{key}: expected an integer, got {_show(value)}")
+        raise InvalidReport(f"{key}: expected an integer, got {show(value)}")
     if not lo <= value <= hi:
-        raise InvalidReport(f"{key}: must be between {lo} and {hi}, got {value}")
+        raise InvalidReport(f"{key}: must be between {lo} and {hi}, got {show(value)}")
     return value
 
 
 def _number(value: object, what: str, hi: float, *, positive: bool = False) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise InvalidReport(f"{what}: expected a number, got {_show(value)}")
+        raise InvalidReport(f"{what}: expected a number, got {show(value)}")
     try:
         x = float(value)
     except OverflowError:  # a JSON integer with hundreds of digits
@@ -200,9 +203,7 @@ def _number(value: object, what: str, hi: float, *, positive: bool = False) -> f
     if not math.isfinite(x):
         raise InvalidReport(f"{what}: must be finite, got {value}")
     if x < 0 or (positive and x == 0) or x > hi:
-        raise InvalidReport(
-            f"{what}: must be {'>' if positive else '>='} 0 and <= {hi:g}, got {_show(value)}"
-        )
+        raise InvalidReport(f"{what}: must be {'>' if positive else '>='} 0 and <= {hi:g}, got {show(value)}")
     return x
 
 
@@ -225,27 +226,27 @@ def _name(data: Mapping[str, Any], key: str) -> str:
 def _match(data: Mapping[str, Any], key: str, pattern: re.Pattern[str], rule: str) -> str:
     value = data.get(key)
     if not isinstance(value, str) or not pattern.fullmatch(value):
-        raise InvalidReport(f"{key}: expected {rule}, got {_show(value)}")
+        raise InvalidReport(f"{key}: expected {rule}, got {show(value)}")
     return value
 
 
 def _choice(data: Mapping[str, Any], key: str, choices: tuple[str, ...]) -> str:
     value = data.get(key)
     if not isinstance(value, str) or value not in choices:
-        raise InvalidReport(f"{key}: expected one of {', '.join(choices)}, got {_show(value)}")
+        raise InvalidReport(f"{key}: expected one of {', '.join(choices)}, got {show(value)}")
     return value
 
 
 def _bool(data: Mapping[str, Any], key: str) -> bool:
     value = data.get(key, False)
     if not isinstance(value, bool):
-        raise InvalidReport(f"{key}: expected true or false, got {_show(value)}")
+        raise InvalidReport(f"{key}: expected true or false, got {show(value)}")
     return value
 
 
 def _object(value: object, what: str) -> Mapping[str, Any]:
     if not isinstance(value, dict):
-        raise InvalidReport(f"{what}: expected an object, got {_show(value)}")
+        raise InvalidReport(f"{what}: expected an object, got {show(value)}")
     return value
 
 
@@ -253,7 +254,7 @@ def _totals(value: object, what: str, extra: tuple[str, ...] = ()) -> Totals:
     obj = _object(value, what)
     unknown = sorted(set(obj) - set(P.TOTALS) - set(extra))
     if unknown:
-        raise InvalidReport(f"{what}: unknown counter {unknown[0]!r} (known: {', '.join(P.TOTALS)})")
+        raise InvalidReport(f"{what}: unknown counter {show(unknown[0])} (known: {', '.join(P.TOTALS)})")
     steps, tokens, samples, requests = (_number(obj.get(k, 0), f"{what}.{k}", P.MAX_COUNT) for k in P.TOTALS)
     return Totals(steps, tokens, samples, requests)
 
@@ -280,7 +281,7 @@ def _phases(value: object) -> dict[str, float]:
     out = {}
     for name, seconds in obj.items():
         if not _PHASE.fullmatch(name):
-            raise InvalidReport(f"phases: name {_show(name)} must match {P.PHASE_PATTERN}")
+            raise InvalidReport(f"phases: name {show(name)} must match {P.PHASE_PATTERN}")
         out[name] = _number(seconds, f"phases.{name}", P.MAX_SECONDS)
     return out
 
@@ -292,10 +293,13 @@ def _devices(value: object) -> tuple[str, ...]:
         raise InvalidReport(f"devices: expected a list of at most {P.MAX_DEVICES} GPU UUIDs or indexes")
     for d in value:
         if not isinstance(d, str) or not _DEVICE.fullmatch(d):
-            raise InvalidReport(f"devices: {_show(d)} is neither a GPU-/MIG- UUID nor an NVML index")
+            raise InvalidReport(f"devices: {show(d)} is neither a GPU-/MIG- UUID nor an NVML index")
     return tuple(dict.fromkeys(value))
 
 
-def _show(value: object) -> str:
-    text = repr(value)
+def show(value: object) -> str:
+    """A value from a request as error messages quote it: its repr, at most 60 characters."""
+    # a container's repr recurses into it: a body nested just under json's own depth limit would overflow
+    # the stack here (a 500), so containers are shown a few levels deep, as reprlib does
+    text = _CONTAINER.repr(value) if isinstance(value, list | dict) else repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
