@@ -182,3 +182,17 @@ def test_a_huge_body_gets_413_before_it_is_sent_and_the_rest_is_discarded_not_bu
     text = d.get("/metrics").text
     assert outcomes(text)["too_large"] == 3
     assert d.proc.poll() is None and not [line for line in d.log if "Traceback" in line]
+
+
+def test_a_body_that_stalls_gets_408_and_frees_its_connection(daemon) -> None:
+    d = daemon("--simulate", "1xH100-SXM")
+    host, port = d.url.removeprefix("http://").rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(f'POST {P.PATH} HTTP/1.1\r\nHost: x\r\nContent-Length: 500\r\n\r\n{{"v": 1'.encode())
+        started = time.monotonic()
+        status, _, body = _read_response(sock)  # the rest never comes
+        waited = time.monotonic() - started
+        assert status == 408 and "did not arrive within 5 s" in json.loads(body)["detail"]
+        assert sock.recv(1) == b"", "the stalled connection must be closed, not kept alive"
+    assert waited >= 4.0, f"answered after {waited:.1f} s: a slow sender must get its 5 s"
+    assert outcomes(d.get("/metrics").text)["timeout"] == 1

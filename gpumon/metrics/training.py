@@ -215,7 +215,8 @@ INGEST_REPORTS = metric(
     "gpumon_ingest_reports_total",
     "counter",
     "Reports received, by outcome (accepted, duplicate, or the reason for refusing: invalid, "
-    "unauthorized, forbidden, too_large, job_limit, rank_limit, conflict: a second live process "
+    "unauthorized, forbidden, too_large, timeout: a body slower than 5 s, job_limit, rank_limit, "
+    "conflict: a second live process "
     "reporting as the same job and rank).",
     ("outcome",),
     source="POST /v1/report",

@@ -7,6 +7,7 @@ bounded before they are read whole, so a client cannot make the daemon buffer mo
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import time
@@ -110,7 +111,10 @@ class Ingest:
             headers.get(b"authorization", b""), self.expected
         ):
             return self._refuse("unauthorized", 401, "missing or wrong bearer token (GPUMON_INGEST_TOKEN)")
-        body = await _body(headers.get(b"content-length"), receive)
+        try:
+            body = await asyncio.wait_for(_body(headers.get(b"content-length"), receive), BODY_TIMEOUT)
+        except asyncio.TimeoutError:
+            return self._refuse("timeout", 408, f"the report's body did not arrive within {BODY_TIMEOUT:g} s")
         if body is None:
             return self._refuse("too_large", 413, f"report larger than {P.MAX_BODY_BYTES} bytes")
         try:
@@ -161,6 +165,11 @@ def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 # must not be read as rank 3 without a word, any more than an unknown field is dropped without one.
 # The hook costs ~3 us a report (~5 % of decoding and validating it).
 _DECODER = json.JSONDecoder(object_pairs_hook=_unique)
+
+
+# A report is under 2 KB, sent at once by a process on this node (the SDK itself gives up after 2 s): a body
+# that trickles in slower than this is a stalled or hostile client holding a connection open
+BODY_TIMEOUT = 5.0
 
 
 async def _body(length: bytes | None, receive: Receive) -> bytes | None:

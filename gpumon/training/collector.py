@@ -29,6 +29,7 @@ OUTCOMES = (
     "unauthorized",
     "forbidden",
     "too_large",
+    "timeout",
     "job_limit",
     "rank_limit",
     "conflict",
