@@ -58,6 +58,7 @@ class Settings:
     seed: int = 0
     sim_faults: list[str] = field(default_factory=list)
     sim_jobs: list[str] = field(default_factory=list)  # simulated training jobs (gpumon/gpu/sim/jobs.py)
+    sim_speed: float = 1.0  # simulated seconds per real second (soak tests: a simulated day in minutes)
     log_level: str = "info"
     events: bool = True  # the NVML event (XID) watcher
     processes: bool = True  # per-process GPU use and its owners

@@ -1,4 +1,4 @@
-"""Settings of the simulator: --simulate, --simulate-if-no-gpu, --seed, --sim-fault and --sim-job.
+"""Simulator settings: --simulate, --simulate-if-no-gpu, --seed, --sim-fault, --sim-speed and --sim-job.
 
 Validated apart from the daemon's own settings because they only exist for simulated GPUs, and the
 simulated training jobs depend on the listen and ingest settings being settled first.
@@ -6,11 +6,14 @@ simulated training jobs depend on the listen and ingest settings being settled f
 
 from __future__ import annotations
 
+import contextlib
+import math
 from collections.abc import Mapping
 from typing import Any
 
 from gpumon.config import DEFAULT_SIMULATION, ConfigError, Settings, _text
 from gpumon.gpu.sim import Fault, FaultSpecError, SpecError, parse_spec
+from gpumon.gpu.sim.nvml import MAX_SPEED
 from gpumon.listen import is_loopback, parse_listen
 
 
@@ -50,6 +53,24 @@ def validate_simulation(raw: Mapping[str, Any], s: Settings) -> None:
     s.sim_faults = [str(f) for f in faults]
     if s.sim_faults and not (s.simulated or s.simulate_if_no_gpu):
         raise ConfigError("--sim-fault needs simulated GPUs (--simulate SPEC)")
+    if "sim_speed" in raw:
+        s.sim_speed = _speed(raw["sim_speed"])
+        if s.sim_speed != 1.0 and not (s.simulated or s.simulate_if_no_gpu):
+            raise ConfigError("--sim-speed needs simulated GPUs (--simulate SPEC): real time runs at 1")
+
+
+def _speed(value: object) -> float:
+    """--sim-speed: simulated seconds per real second, a number above 0 and at most MAX_SPEED."""
+    number = math.nan
+    if not isinstance(value, bool) and isinstance(value, int | float | str):
+        with contextlib.suppress(ValueError):
+            number = float(value)
+    if not 0.0 < number <= MAX_SPEED:  # NaN (not a number, or "nan") fails too
+        raise ConfigError(
+            f"sim-speed: expected a number above 0 and at most {MAX_SPEED:g} (simulated seconds per real "
+            f"second, e.g. 100), got {value!r}"
+        )
+    return number
 
 
 def validate_sim_jobs(raw: Mapping[str, Any], s: Settings) -> None:
@@ -62,6 +83,11 @@ def validate_sim_jobs(raw: Mapping[str, Any], s: Settings) -> None:
         raise ConfigError(f"sim_jobs: expected a list of job specs, got {jobs!r}")
     if not jobs:
         return
+    if s.sim_speed != 1.0:
+        raise ConfigError(
+            f"--sim-job ranks report through the SDK in real time: drop --sim-speed {s.sim_speed:g} (or the "
+            "sim jobs)"
+        )
     spec = s.simulate or (DEFAULT_SIMULATION if s.backend == "sim" else s.simulate_if_no_gpu)
     if spec is None:
         raise ConfigError("--sim-job needs simulated GPUs (--simulate SPEC)")

@@ -196,3 +196,14 @@ def test_a_body_that_stalls_gets_408_and_frees_its_connection(daemon) -> None:
         assert sock.recv(1) == b"", "the stalled connection must be closed, not kept alive"
     assert waited >= 4.0, f"answered after {waited:.1f} s: a slow sender must get its 5 s"
     assert outcomes(d.get("/metrics").text)["timeout"] == 1
+
+
+def test_a_report_cut_off_by_its_sender_dying_is_neither_answered_nor_counted_invalid(daemon) -> None:
+    d = daemon("--simulate", "1xH100-SXM")
+    host, port = d.url.removeprefix("http://").rsplit(":", 1)
+    before = outcomes(d.get("/metrics").text)
+    with socket.create_connection((host, int(port)), timeout=10) as sock:  # a rank SIGKILLed mid-send
+        sock.sendall(f'POST {P.PATH} HTTP/1.1\r\nHost: x\r\nContent-Length: 500\r\n\r\n{{"v": 1'.encode())
+    time.sleep(0.5)
+    assert d.get("/readyz").status_code == 200
+    assert outcomes(d.get("/metrics").text) == before, "a report nobody finished sending is not a bad report"

@@ -70,6 +70,12 @@ def add_common_options(p: argparse.ArgumentParser, *, gpus: bool = True) -> None
         help="run a simulated training job on simulated GPUs, its ranks reporting through the SDK: "
         "NAME:GPUS[:FIRST_RANK/WORLD_SIZE], e.g. llama-70b:0-7:8/24 (repeatable; see docs/simulator.md)",
     )
+    g.add_argument(
+        "--sim-speed",
+        metavar="FACTOR",
+        help="run simulated time FACTOR times faster than real time (default 1; up to 10000): jobs, faults "
+        "and XIDs follow it, e.g. --sim-speed 480 plays a simulated day in 3 minutes",
+    )
     t = p.add_argument_group("deep telemetry")
     t.add_argument(
         "--events",
@@ -106,7 +112,9 @@ SIM_WARMUP = 120.0  # the simulated node has been training for two minutes when 
 
 
 def simulated_backend(spec: str, settings: Settings) -> NvmlBackend:
-    sim = SimNvml(spec, seed=settings.seed, warmup=SIM_WARMUP, jobs=settings.sim_jobs)
+    sim = SimNvml(
+        spec, seed=settings.seed, warmup=SIM_WARMUP, jobs=settings.sim_jobs, speed=settings.sim_speed
+    )
     for fault in settings.sim_faults:
         sim.faults.add(fault)
     return NvmlBackend(sim)

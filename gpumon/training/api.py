@@ -81,7 +81,10 @@ class Ingest:
         if scope["type"] != "http" or scope["path"] != P.PATH:
             await self.app(scope, receive, send)
             return
-        status, detail = await self._handle(scope, receive)
+        try:
+            status, detail = await self._handle(scope, receive)
+        except _Gone:  # the sender died mid-body (a rank killed while reporting): nobody to answer, nothing
+            return  # to count; its totals arrive whole with the rank's next incarnation
         headers = [(b"content-type", b"application/json")]
         if status == 401:
             headers.append((b"www-authenticate", b"Bearer"))
@@ -167,6 +170,10 @@ def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 _DECODER = json.JSONDecoder(object_pairs_hook=_unique)
 
 
+class _Gone(Exception):
+    """The client went away before its report's body had arrived."""
+
+
 # A report is under 2 KB, sent at once by a process on this node (the SDK itself gives up after 2 s): a body
 # that trickles in slower than this is a stalled or hostile client holding a connection open
 BODY_TIMEOUT = 5.0
@@ -181,7 +188,7 @@ async def _body(length: bytes | None, receive: Receive) -> bytes | None:
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
-            return b"".join(chunks)
+            raise _Gone
         chunk = message.get("body", b"")
         size += len(chunk)
         if size > P.MAX_BODY_BYTES:

@@ -224,6 +224,10 @@ class JobStore:
         ]
         for key in gone:
             rank = self._ranks.pop(key)
+            # a gone rank is kept (RETAIN_OFFSETS) for its counters alone: its report history (up to
+            # MAX_POINTS points, each with its phases) would hold tens of MB over 4 x max_ranks of them
+            rank.points.clear()
+            rank.anchor = None
             self._gone[key] = (now, rank)
             if not rank.report.final:
                 self._lost[key[0]] = (self._lost.get(key[0], (0, now))[0] + 1, now)

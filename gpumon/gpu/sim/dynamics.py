@@ -4,7 +4,9 @@ A node runs a sequence of training jobs. Each job loads (HBM fills), then repeat
 compute phase (util and power high, occasional power capping), an all-reduce (NVLink traffic) and, every so
 often, a data-wait stall or a checkpoint (PCIe traffic to the host); between jobs the GPUs idle. Every GPU
 advances in fixed steps of ``DT`` seconds with its own seeded random stream, so the state at time t depends
-only on the seed and t, never on when or how often it was read.
+only on the seed and t, never on when or how often it was read. A simulator whose clock runs faster than real
+time (``--sim-speed``) takes longer steps (``step_seconds``), so that its cost per real second stays bounded;
+its state then depends on the speed too.
 """
 
 from __future__ import annotations
@@ -20,6 +22,16 @@ from gpumon.gpu.sim.catalog import MiB, SimModel
 from gpumon.gpu.types import THROTTLE_REASONS
 
 DT = 0.1  # seconds per simulation step
+# at most this many steps per GPU per real second: beyond 10x real time the steps lengthen instead, since a
+# step costs ~20 us of Python and a sweep must read 8 GPUs well inside its deadline (at 1000x, 0.1 s steps
+# would cost 80 % of a core)
+MAX_STEP_RATE = 100.0
+
+
+def step_seconds(speed: float) -> float:
+    """The simulation step for a clock running ``speed`` times real time: DT up to 10x, then longer."""
+    return max(DT, speed / MAX_STEP_RATE)
+
 
 IDLE, LOADING, COMPUTE, ALLREDUCE, DATA_WAIT, CHECKPOINT = (
     "idle",
@@ -223,8 +235,10 @@ class TrainingDynamics:
         seed: int,
         workload: Workload,
         slowdown: Callable[[float], float] | None = None,
+        dt: float = DT,
     ) -> None:
         self.model = model
+        self.dt = dt
         self.workload = workload
         self.slowdown = slowdown
         self.state = DeviceState(model)
@@ -234,26 +248,27 @@ class TrainingDynamics:
         self.total_bytes = model.memory_mib * MiB - model.reserved_mib * MiB
 
     def advance_to(self, t: float) -> None:
-        target_steps = int(t / DT)
+        dt = self.dt
+        target_steps = int(t / dt)
         while self.steps < target_steps:
-            self._step((self.steps + 0.5) * DT)
+            self._step((self.steps + 0.5) * dt)
             self.steps += 1
 
     def _step(self, t: float) -> None:
-        m, s, rng = self.model, self.state, self.rng
+        m, s, rng, dt = self.model, self.state, self.rng, self.dt
         phase, job = self.workload.phase(t)
         power_share, util, mem_util, nvl_share, rx_rate, tx_rate = _PHASE_LOAD[phase]
 
         # HBM: a job fills memory quickly while loading, then holds it; idle GPUs hold almost nothing
         target_mem = job.fill_ratio * self.total_bytes if job else 0.0
         fill_tau = 6.0 if phase == LOADING else 20.0
-        s.memory_used += (target_mem - s.memory_used) * (1.0 - math.exp(-DT / fill_tau))
+        s.memory_used += (target_mem - s.memory_used) * (1.0 - math.exp(-dt / fill_tau))
         s.memory_used = min(s.memory_used, self.total_bytes)
 
         # thermal excursions: rare, 10-30 s long
         if self.thermal_left > 0.0:
-            self.thermal_left -= DT
-        elif job is not None and rng.random() < DT / 1800.0:
+            self.thermal_left -= dt
+        elif job is not None and rng.random() < dt / 1800.0:
             self.thermal_left = 10.0 + 20.0 * rng.random()
         thermal = self.thermal_left > 0.0
 
@@ -289,39 +304,39 @@ class TrainingDynamics:
         s.util = min(1.0, max(0.0, util + noise))
         s.mem_util = min(1.0, max(0.0, mem_util + noise * 0.5))
         for unit, share in zip(ACTIVITY_UNITS, _PHASE_ACTIVITY[phase], strict=True):
-            s.activity[unit] += min(1.0, max(0.0, share + noise)) * DT if share else 0.0
+            s.activity[unit] += min(1.0, max(0.0, share + noise)) * dt if share else 0.0
 
         target_temp = 27.0 + 48.0 * s.power_w / m.tdp_watts + (12.0 if thermal else 0.0)
-        s.temp_c += (target_temp - s.temp_c) * (1.0 - math.exp(-DT / 15.0))
+        s.temp_c += (target_temp - s.temp_c) * (1.0 - math.exp(-dt / 15.0))
         s.mem_temp_c = s.temp_c + 3.0 + 6.0 * s.mem_util
         if s.temp_c > 86.0:
             reasons |= HW_THERMAL | HW_SLOWDOWN
         s.reasons = reasons
         s.fan_ratio = min(1.0, 0.3 + max(0.0, s.temp_c - 40.0) / 60.0)
 
-        ns = int(DT * 1e9)
+        ns = int(dt * 1e9)
         for bit, fid in THROTTLE_FIELDS.items():
             if reasons & bit:
                 s.throttle_ns[fid] += ns
 
-        s.energy_j += s.power_w * DT
+        s.energy_j += s.power_w * dt
         s.pcie_rx_rate = rx_rate * (0.9 + 0.2 * rng.random()) if rx_rate else 0.0
         s.pcie_tx_rate = tx_rate * (0.9 + 0.2 * rng.random()) if tx_rate else 0.0
-        s.pcie_rx_bytes += s.pcie_rx_rate * DT
-        s.pcie_tx_bytes += s.pcie_tx_rate * DT
+        s.pcie_rx_bytes += s.pcie_rx_rate * dt
+        s.pcie_tx_bytes += s.pcie_tx_rate * dt
         # link generation drops to save power when the GPU idles, as real boards do
         s.pcie_gen = 1 if phase == IDLE else m.pcie_generation
 
         if m.nvlinks and nvl_share:
-            per_link = m.nvlink_link_gbps * 1e9 * nvl_share * DT
+            per_link = m.nvlink_link_gbps * 1e9 * nvl_share * dt
             for link in range(m.nvlinks):
                 if s.link_up[link]:
                     jitter = 0.97 + 0.06 * rng.random()
                     s.nvlink_tx[link] += per_link * jitter
                     s.nvlink_rx[link] += per_link * jitter
 
-        if rng.random() < DT / 7200.0:  # a corrected ECC error every couple of hours
+        if rng.random() < dt / 7200.0:  # a corrected ECC error every couple of hours
             s.ecc_volatile[0] += 1
             s.ecc_aggregate[0] += 1
-        if rng.random() < DT / 3600.0:
+        if rng.random() < dt / 3600.0:
             s.replays += 1

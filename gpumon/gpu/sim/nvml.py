@@ -20,7 +20,7 @@ import pynvml
 
 from gpumon.gpu import fields
 from gpumon.gpu.sim.catalog import MiB, SimModel, parse_spec
-from gpumon.gpu.sim.dynamics import DeviceState, NodeWorkload, TrainingDynamics, _mix
+from gpumon.gpu.sim.dynamics import DeviceState, NodeWorkload, TrainingDynamics, _mix, step_seconds
 from gpumon.gpu.sim.events import SimEvents
 from gpumon.gpu.sim.faults import Faults, Window
 from gpumon.gpu.sim.gpm import SimGpm
@@ -52,6 +52,7 @@ _MODEL_GAPS: dict[str | int, Callable[[SimModel], bool]] = {
     **{fid: (lambda m: not m.throttle_time_fields) for fid in FI_THROTTLE_TIME},
     **{fid: (lambda m: m.nvlinks == 0) for fid in FI_NVLINK},
 }
+MAX_SPEED = 10000.0  # a simulated day in under 9 s: past that a sweep spans hours and shows nothing
 _UINT = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT
 _ULL = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
 
@@ -90,7 +91,13 @@ class SimGpu:
 
 
 class SimNvml(SimEvents, SimMig, SimGpm, SimProcesses):
-    """Stands in for the ``pynvml`` module. Pass it wherever gpumon takes an NVML module."""
+    """Stands in for the ``pynvml`` module. Pass it wherever gpumon takes an NVML module.
+
+    ``speed`` makes simulated time run that many times faster than ``clock`` (``--sim-speed``): the node's
+    job schedule, the GPUs' dynamics and counters, processes, fault windows and scheduled XIDs all follow
+    simulated time, so a simulated day fits in minutes. What NVML stamps with the wall clock (field values,
+    process samples) stays on real time, and so do the calls' own latencies (``slow``).
+    """
 
     simulated = True  # how the backend tells (gpumon_build_info{backend="sim"}); pynvml has no such name
 
@@ -105,12 +112,19 @@ class SimNvml(SimEvents, SimMig, SimGpm, SimProcesses):
         driver_version: str = "570.133.20",
         cuda_driver_version: int = 12080,
         jobs: Sequence[str] = (),
+        speed: float = 1.0,
     ) -> None:
+        if not 0.0 < speed <= MAX_SPEED:  # NaN fails too
+            raise ValueError(f"speed must be above 0 and at most {MAX_SPEED:g}, got {speed!r}")
+        if jobs and speed != 1.0:
+            # their ranks report through the SDK on the wall clock: tokens/s and MFU would be speed x wrong
+            raise ValueError("simulated jobs run in real time: speed must be 1 with jobs")
         models = parse_spec(gpus) if isinstance(gpus, str) else list(gpus)
         self.spec = gpus if isinstance(gpus, str) else ",".join(m.key for m in models)
         self.seed = seed
         self._clock = clock
         self._t0 = clock()
+        self.speed = float(speed)
         self.warmup = warmup
         self.faults = Faults(self.elapsed)
         # --sim-job: those GPUs run that job for good; the others run the node's job sequence
@@ -121,8 +135,11 @@ class SimNvml(SimEvents, SimMig, SimGpm, SimProcesses):
         workloads = {gpu: job for job in self.jobs for gpu in job.spec.gpus}
         node = NodeWorkload(seed)
         slowed = [functools.partial(self._slowed, i) for i in range(len(models))]
+        dt = step_seconds(self.speed)
         self.gpus = [
-            SimGpu(i, m, seed, StaticDynamics(m) if static else TrainingDynamics(m, i, seed, w, slowed[i]))
+            SimGpu(
+                i, m, seed, StaticDynamics(m) if static else TrainingDynamics(m, i, seed, w, slowed[i], dt)
+            )
             for i, m in enumerate(models)
             for w in [workloads.get(i, node)]
         ]
@@ -143,12 +160,16 @@ class SimNvml(SimEvents, SimMig, SimGpm, SimProcesses):
         return value
 
     def elapsed(self) -> float:
-        """Seconds since this simulated NVML was created: the time base of faults."""
+        """Simulated seconds since this simulated NVML was created: the time base of faults."""
+        return (self._clock() - self._t0) * self.speed
+
+    def wall_elapsed(self) -> float:
+        """Real seconds since this simulated NVML was created (``clock``'s), whatever the speed."""
         return self._clock() - self._t0
 
     def now(self) -> float:
         """Simulated workload time: ``warmup`` seconds of training had happened when gpumon started."""
-        return self._clock() - self._t0 + self.warmup
+        return self.elapsed() + self.warmup
 
     def _slowed(self, gpu: int, t: float) -> float:
         """How many times slower ``gpu`` runs at workload time ``t`` (``slowdown`` faults)."""

@@ -4,7 +4,8 @@ Each simulated job runs one process per GPU. Even-numbered jobs are Kubernetes p
 kubepods cgroup with a containerd container id, and an entry in ``pod_owners()``, the simulator's stand-in
 for the kubelet pod-resources API); odd-numbered jobs are Slurm jobs (a slurmstepd cgroup v2 path). The
 processes' stat, comm, status, cgroup and environ files are written under ``proc_root()``, so gpumon's
-real /proc resolver attributes them exactly as it would on a host.
+real /proc resolver attributes them exactly as it would on a host; as in /proc, a process's directory goes
+when it ends (when no GPU lists it any more), so a long simulation leaves no trail.
 """
 
 from __future__ import annotations
@@ -80,12 +81,13 @@ class SimProcesses:
 
         def _gpu(self, handle: Any, op: str) -> SimGpu: ...
         def now(self) -> float: ...
-        def elapsed(self) -> float: ...
+        def wall_elapsed(self) -> float: ...
 
     def _processes_init(self) -> None:
         self._proc_lock = threading.Lock()
         self._proc_root: str | None = None
         self._proc_written: set[int] = set()
+        self._proc_listed: dict[int, frozenset[int]] = {}  # GPU index → pids it listed last
         self._proc_epoch = time.time()
 
     def processes(self, gpu: SimGpu) -> list[SimProcess]:
@@ -96,7 +98,7 @@ class SimProcesses:
     def nvmlDeviceGetComputeRunningProcesses(self, handle: SimGpu) -> list[Any]:
         gpu = self._gpu(handle, "nvmlDeviceGetComputeRunningProcesses")
         procs = self.processes(gpu)
-        self._write_proc(procs)
+        self._write_proc(gpu.index, procs)
         out = []
         for p in procs:  # what nvmlStructToFriendlyObject makes of c_nvmlProcessInfo_v3_t
             info = pynvml.nvmlFriendlyObject(
@@ -112,7 +114,8 @@ class SimProcesses:
 
     def nvmlDeviceGetProcessUtilization(self, handle: SimGpu, timeStamp: int) -> list[Any]:
         gpu = self._gpu(handle, "nvmlDeviceGetProcessUtilization")
-        stamp = int((self._proc_epoch + self.elapsed()) * 1e6)  # NVML stamps samples in unix µs
+        # NVML stamps samples in unix µs: wall time, even when simulated time runs faster (--sim-speed)
+        stamp = int((self._proc_epoch + self.wall_elapsed()) * 1e6)
         samples = []
         for p in self.processes(gpu):
             if stamp <= timeStamp:
@@ -148,11 +151,19 @@ class SimProcesses:
                 shutil.rmtree(self._proc_root, ignore_errors=True)
                 self._proc_root = None
                 self._proc_written.clear()
+                self._proc_listed.clear()
 
-    def _write_proc(self, procs: list[SimProcess]) -> None:
+    def _write_proc(self, gpu: int, procs: list[SimProcess]) -> None:
         if self._proc_root is None:
             return
         with self._proc_lock:
+            listed = frozenset(p.pid for p in procs)
+            before = self._proc_listed.get(gpu, frozenset())
+            self._proc_listed[gpu] = listed
+            still = set().union(*self._proc_listed.values())
+            for pid in before - still:  # ended: no GPU lists it any more
+                shutil.rmtree(os.path.join(self._proc_root, str(pid)), ignore_errors=True)
+                self._proc_written.discard(pid)
             for p in procs:
                 if p.pid in self._proc_written:
                     continue
