@@ -29,7 +29,15 @@ README = SYSTEMD / "README.md"
 FILE_SETTINGS = {"GPUMON_CONFIG", "GPUMON_WEB_CONFIG"}
 # Settings an operator of a real node does not set in the environment file: the simulator's, and proc_root
 # (for containers that see the host's /proc elsewhere).
-NOT_FOR_OPERATORS = {"simulate", "simulate_if_no_gpu", "seed", "sim_faults", "sim_jobs", "sim_speed", "proc_root"}
+NOT_FOR_OPERATORS = {
+    "simulate",
+    "simulate_if_no_gpu",
+    "seed",
+    "sim_faults",
+    "sim_jobs",
+    "sim_speed",
+    "proc_root",
+}
 
 # The security checks the base unit fails on purpose; each is a row of README.md's "What is left out" (or the
 # NVIDIA device ACL itself). Any other failing check means a hardening directive went missing.
