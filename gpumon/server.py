@@ -7,11 +7,10 @@ import gzip
 import html
 import re
 from collections.abc import Callable
-from typing import Any
 
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
-from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
+from prometheus_client import CollectorRegistry, ProcessCollector
 from prometheus_client.exposition import choose_encoder
 
 from gpumon import __version__
@@ -47,13 +46,14 @@ def build_registry(
     return registry
 
 
-def negotiate(accept: str) -> tuple[Callable[[Any], bytes], str]:
-    """prometheus_client's content negotiation, except that an unparseable Accept header (a bad version, say)
-    gets the plain text format instead of an error: a scraper with an odd header still gets metrics."""
+def negotiate(accept: str) -> str:
+    """The content type prometheus_client's negotiation picks (the renderer writes every one of them), except
+    that an unparseable Accept header (a bad version, say) gets the plain text format instead of an error: a
+    scraper with an odd header still gets metrics."""
     try:
-        return choose_encoder(accept)
+        return choose_encoder(accept)[1]
     except Exception:  # prometheus_client raises TypeError/ValueError on versions it cannot parse
-        return generate_latest, TEXT_0_0_4
+        return TEXT_0_0_4
 
 
 def dots_escaping(content_type: str) -> bool:
@@ -97,7 +97,7 @@ def create_app(
         responses={200: {"content": {"application/openmetrics-text": {}}}},
     )
     async def metrics(request: Request) -> Response:
-        _, content_type = negotiate(request.headers.get("accept", ""))
+        content_type = negotiate(request.headers.get("accept", ""))
         names = request.query_params.getlist("name[]")
         source = registry.restricted_registry(names) if names else registry
         om = content_type.startswith("application/openmetrics")
