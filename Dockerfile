@@ -34,7 +34,7 @@ RUN pip wheel --no-cache-dir --wheel-dir /wheels ".[kubernetes]"
 # ---- runtime: no compiler, no build dependencies, no pip cache ------------------------------------------
 FROM python:3.12.8-slim-bookworm
 
-# Keep in step with gpumon/__init__.py (tests/test_deploy_docker.py checks): the label and the pinned install.
+# Keep in step with gpumon/__init__.py (tests/deploy/test_docker.py checks): the label and the pinned install.
 ARG GPUMON_VERSION=0.1.0
 
 LABEL org.opencontainers.image.title="gpumon" \

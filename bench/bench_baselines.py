@@ -26,19 +26,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from bench_daemon import machine
-from reports import report
+from support.reports import report
 
+from gpumon.baselines import library as B
+from gpumon.baselines.history import INTERVAL, JobHistory
+from gpumon.baselines.jobfigures import job_figures
+from gpumon.baselines.watch import LibraryWatch
 from gpumon.gpu.nvml import NvmlBackend
 from gpumon.gpu.sampler import Sampler
 from gpumon.gpu.sim import SimNvml
-from gpumon.training import baselines as B
-from gpumon.training.analysis import Analysis
-from gpumon.training.collector import IngestStats, TrainingCollector
-from gpumon.training.history import INTERVAL, JobHistory
-from gpumon.training.jobfigures import job_figures
-from gpumon.training.library_watch import LibraryWatch
-from gpumon.training.report import parse
-from gpumon.training.store import JobStore
+from gpumon.jobs.analysis import Analysis
+from gpumon.jobs.collector import IngestStats, TrainingCollector
+from gpumon.jobs.report import parse
+from gpumon.jobs.store import JobStore
 
 
 def analysis(ranks: int, jobs: int) -> Analysis:

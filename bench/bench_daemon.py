@@ -32,7 +32,6 @@ import httpx
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpumon.exposition import Renderer
 from gpumon.gpu.attribution.owners import Attributor
 from gpumon.gpu.attribution.proc import ProcessResolver
 from gpumon.gpu.collector import SnapshotCollector, build_families
@@ -40,6 +39,7 @@ from gpumon.gpu.events import EventWatcher
 from gpumon.gpu.nvml import NvmlBackend
 from gpumon.gpu.sampler import Sampler
 from gpumon.gpu.sim import SimNvml
+from gpumon.web.exposition import Renderer
 
 ROOT = Path(__file__).resolve().parent.parent
 REALISTIC = {"*": 0.001, "nvmlDeviceGetPcieThroughput": 0.020}

@@ -34,8 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from bench_daemon import machine
-from helpers import free_port
-from reports import report
+from support.helpers import free_port
+from support.reports import report
 
 ROOT = Path(__file__).resolve().parent.parent
 WARMUP_SECONDS = 10.0

@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from bench_daemon import Daemon, machine, percentiles
-from reports import report
+from support.reports import report
 
 RANKS = 8
 

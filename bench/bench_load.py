@@ -4,8 +4,8 @@ at 10x the SDK's rate; results go to docs/performance.md.
     python bench/bench_load.py [--seconds 60] [--markdown FILE]
 
 Against a real `gpumon serve --simulate 8xH100-SXM` on loopback, the load from a separate process
-(tests/load.py: one asyncio loop, raw HTTP/1.1 keep-alive connections), three scenarios one after another on
-the same daemon:
+(tests/support/load.py: one asyncio loop, raw HTTP/1.1 keep-alive connections), three scenarios one after
+another on the same daemon:
 
   1. baseline: one scraper, back to back, nothing reporting;
   2. paced: 100 scrapers each scraping every 5 s (20 scrapes/s, as 100 Prometheus servers at a 5 s
@@ -15,8 +15,8 @@ the same daemon:
 For each: scrapes per second and their latency (p50/p99/max), the sample age at scrape time (when the answer
 arrived minus gpumon_last_sample_timestamp_seconds, the newest sweep served: the sampler's freshness), the
 reports per second that got through and their latency, every error (a status other than 200/204, a connection
-failure or a 30 s timeout), and the daemon's CPU and RSS from /proc. The tests (tests/test_load.py) run the
-saturating scenario for 10 s and assert that nothing fails.
+failure or a 30 s timeout), and the daemon's CPU and RSS from /proc. The tests (tests/e2e/test_load.py) run
+the saturating scenario for 10 s and assert that nothing fails.
 """
 
 from __future__ import annotations
@@ -31,10 +31,10 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-import load
 from bench_daemon import machine
-from helpers import start_daemon
-from soak import footprint, parse, value
+from support import load
+from support.helpers import start_daemon
+from support.soak import footprint, parse, value
 
 SCENARIOS = (
     # name, scrapers, seconds between a scraper's scrapes (0: back to back), ranks

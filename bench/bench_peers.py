@@ -119,7 +119,7 @@ def nvml_shim(sim: Any, missing: collections.Counter[str]) -> types.ModuleType:
     """A ``pynvml`` module whose NVML functions are the simulator's (see the module docstring)."""
     import pynvml
 
-    from gpumon.gpu.sim.nvml import SimGpu
+    from gpumon.gpu.sim.device import SimGpu
 
     real = vars(pynvml)
     shim = types.ModuleType("pynvml", pynvml.__doc__)

@@ -3,13 +3,14 @@ at the end against after warm-up. Results go to docs/performance.md.
 
     python bench/bench_soak.py [--hours 24] [--speed 480] [--markdown FILE]
 
-tests/soak.py does the work (tests/test_soak.py runs a shorter form in CI): `gpumon serve --simulate
-8xH100-SXM --sim-speed SPEED --rank-ttl 3s` with GPUs lost and back, a hung call, NVML errors, a driver
-reload, a slowdown and XIDs of five codes spread over the day; the node's own jobs start and stop every 20-60
-simulated minutes (their processes with them); two SDK jobs at a time, each a real process of 8 Reporters
-with a name of its own, report for 6 s and close (every fourth is SIGKILLed: its ranks are lost). Scraped once
-a second. Printed: RSS, threads, open fds and series at the start, mid point and end, the sweeps done, every
-error, and each problem found (a non-flat figure or a stale series), and how RSS moved over the run.
+tests/support/soak.py does the work (tests/e2e/test_soak.py runs a shorter form in CI): `gpumon serve
+--simulate 8xH100-SXM --sim-speed SPEED --rank-ttl 3s` with GPUs lost and back, a hung call, NVML errors, a
+driver reload, a slowdown and XIDs of five codes spread over the day; the node's own jobs start and stop every
+20-60 simulated minutes (their processes with them); two SDK jobs at a time, each a real process of 8
+Reporters with a name of its own, report for 6 s and close (every fourth is SIGKILLed: its ranks are lost).
+Scraped once a second. Printed: RSS, threads, open fds and series at the start, mid point and end, the sweeps
+done, every error, and each problem found (a non-flat figure or a stale series), and how RSS moved over the
+run.
 """
 
 from __future__ import annotations
@@ -23,8 +24,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-import soak
 from bench_daemon import machine
+from support import soak
 
 
 def main() -> None:

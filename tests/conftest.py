@@ -3,7 +3,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 import pytest
-from helpers import Daemon, ManualClock, start_daemon
+from support.helpers import Daemon, ManualClock, start_daemon
 
 from gpumon.gpu.nvml import NvmlBackend
 from gpumon.gpu.sampler import Sampler

@@ -7,7 +7,7 @@ import shutil
 import subprocess
 
 import pytest
-from helpers import IN_CI, ROOT
+from support.helpers import IN_CI, ROOT
 
 
 def readme_commands() -> list[str]:

@@ -19,7 +19,7 @@ from gpumon.cli.common import add_common_options
 from gpumon.cli.daemon_api import DaemonError
 from gpumon.config import ConfigError, Settings, resolve, setup_logging
 from gpumon.gpu.types import BackendUnavailable
-from gpumon.listen import ListenError
+from gpumon.web.listen import ListenError
 
 COMMANDS = {
     "serve": (serve, "run the daemon: sample GPUs in the background and serve /metrics"),

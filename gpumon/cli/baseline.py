@@ -1,7 +1,7 @@
 """gpumon baseline record | list | show | compare | delete | import | export: the baseline library.
 
 ``record`` asks the daemon for a running job's recent history and stores its steady-state figures
-(``gpumon.training.steady``); the daemon picks the file up within seconds and exposes the match as
+(``gpumon.baselines.steady``); the daemon picks the file up within seconds and exposes the match as
 gauges. Every command works on the library file (--baselines, GPUMON_BASELINES, or the default path), and
 every change is one atomic write under a lock.
 """
@@ -20,12 +20,12 @@ import urllib.parse
 from typing import Any
 
 from gpumon import __version__
+from gpumon.baselines import library as B
+from gpumon.baselines.steady import NotSteady, method, steady
 from gpumon.cli.baseline_render import comparison, table
 from gpumon.cli.daemon_api import DaemonError, default_url, display_url, get_json, job_path
 from gpumon.config import ConfigError, Settings, default_baselines_path, parse_duration
-from gpumon.listen import is_loopback
-from gpumon.training import baselines as B
-from gpumon.training.steady import NotSteady, method, steady
+from gpumon.web.listen import is_loopback
 
 USES_GPUS = False
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from gpumon.training.baselines import Baseline
+from gpumon.baselines.library import Baseline
 
 # figure, heading, how to print it, whether a higher ratio is better
 FIGURES = (

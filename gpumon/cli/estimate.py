@@ -1,7 +1,7 @@
 """gpumon estimate: per-GPU memory and FLOPs per token of training a transformer, from its shape.
 
 Optionally (``--job``) set against what a running job's GPUs actually hold, as the local daemon reports it.
-The formulas and their sources are in gpumon/training/ (estimate.py, memory.py, activations.py) and
+The formulas and their sources are in gpumon/estimate/ (breakdown.py, memory.py, activations.py) and
 docs/estimate.md. The command's parts: estimate_args.py (flags), estimate_job.py (--job), estimate_render.py
 (text output).
 """
@@ -16,7 +16,7 @@ from gpumon.cli.estimate_args import add_arguments, model_spec, setup
 from gpumon.cli.estimate_job import compare, fetch_job, fetch_timeout
 from gpumon.cli.estimate_render import render, render_comparison
 from gpumon.config import ConfigError, Settings
-from gpumon.training.estimate import estimate, estimate_json
+from gpumon.estimate.breakdown import estimate, estimate_json
 
 # what gpumon.cli and the tests use from here
 __all__ = ["add_arguments", "fetch_job", "run"]

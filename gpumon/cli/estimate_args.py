@@ -11,7 +11,7 @@ from typing import Any
 
 from gpumon.client.model import CONVENTIONS, PRESETS, ModelSpec, preset
 from gpumon.config import ConfigError
-from gpumon.training.estimate import CHECKPOINTING, DTYPES, OPTIMIZERS, ZERO_STAGES, Setup
+from gpumon.estimate.breakdown import CHECKPOINTING, DTYPES, OPTIMIZERS, ZERO_STAGES, Setup
 
 _SHAPE = ("layers", "hidden", "heads", "vocab", "seq")  # what a model without --model must give
 _OPTIONAL_SHAPE = ("kv_heads", "head_dim", "ffn_hidden")

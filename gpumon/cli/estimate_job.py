@@ -10,7 +10,7 @@ from typing import Any
 
 from gpumon.cli.daemon_api import DaemonError, display_url, get_json, job_path
 from gpumon.config import ConfigError
-from gpumon.training.estimate import Estimate
+from gpumon.estimate.breakdown import Estimate
 
 
 def fetch_timeout(text: str) -> float:

@@ -1,6 +1,6 @@
 """gpumon estimate's text output: the estimate as tables with their formulas, and the --job comparison.
 
---json output is gpumon.training.estimate.estimate_json plus estimate_job.compare, in base units; this module
+--json output is gpumon.estimate.breakdown.estimate_json plus estimate_job.compare, in base units; this module
 is for people, in GiB and TFLOP.
 """
 
@@ -12,7 +12,7 @@ from typing import Any
 from gpumon.cli.daemon_api import display_url
 from gpumon.cli.estimate_args import shape_overrides
 from gpumon.client.model import ModelSpec
-from gpumon.training.estimate import Estimate, Setup
+from gpumon.estimate.breakdown import Estimate, Setup
 
 KIB = 1024
 GIB = 1024**3

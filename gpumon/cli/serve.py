@@ -20,15 +20,15 @@ from gpumon.gpu.compat_dcgm import node_hostname
 from gpumon.gpu.sampler import Sampler
 from gpumon.gpu.sim import SimNvml
 from gpumon.gpu.snapshot import Snapshot
-from gpumon.listen import MarkUnixSocket, bind, bind_unix
+from gpumon.web.listen import MarkUnixSocket, bind, bind_unix
 
 if TYPE_CHECKING:
     import socket
 
     import uvicorn
 
-    from gpumon.access.guard import Guard
-    from gpumon.training.simjob import SimTraining
+    from gpumon.gpu.sim.ranks import SimTraining
+    from gpumon.web.guard import Guard
 
 log = logging.getLogger("gpumon")
 
@@ -91,12 +91,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(settings: Settings, args: argparse.Namespace) -> int:
-    from gpumon.server import create_app  # here, not at module level: snapshot and doctor need no web stack
+    from gpumon.web.server import (
+        create_app,  # here, not at module level: snapshot and doctor need no web stack
+    )
 
     # The event loop shares the GIL with the sampler's threads; with the default 5 ms switch interval a sweep
     # can hold a scrape back for several slices. 1 ms roughly halves /metrics p99 (docs/performance.md).
     sys.setswitchinterval(0.001)
-    from gpumon.training.service import from_settings
+    from gpumon.jobs.service import from_settings
 
     guard = _access(settings)  # first of all: a bad web config or certificate is a configuration error
     tls = guard is not None and guard.ssl_context is not None
@@ -193,9 +195,9 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
 def _access(settings: Settings) -> Guard | None:
     if not settings.web_config:
         return None
-    from gpumon.access import webconfig
-    from gpumon.access.guard import Guard
-    from gpumon.access.tls import server_context
+    from gpumon.web import webconfig
+    from gpumon.web.guard import Guard
+    from gpumon.web.tls import server_context
 
     web = webconfig.load(settings.web_config)
     ctx = server_context(web.tls, f"web config {web.path}: tls_server_config") if web.tls else None
@@ -217,7 +219,7 @@ def _sim_training(sampler: Sampler, settings: Settings, sock: socket.socket) -> 
     if not isinstance(sim, SimNvml):
         log.warning("--sim-job ignored: these GPUs are real")
         return None
-    from gpumon.training.simjob import SimTraining
+    from gpumon.gpu.sim.ranks import SimTraining
 
     if settings.ingest_socket:
         url = "unix://" + os.path.abspath(settings.ingest_socket)

@@ -20,11 +20,18 @@ import signal
 import threading
 import time
 import weakref
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from gpumon.client.reporter import Reporter
     from gpumon.client.transport import Shipper
+
+
+class Reporter(Protocol):
+    """What these hooks need of a gpumon.client.Reporter (which imports this module, so not the class)."""
+
+    def close(self, timeout: float = ...) -> None: ...
+
+    def _forked(self) -> None: ...
 
 # for all live Reporters together: interpreter exit must not hang on a dead or slow daemon
 AT_EXIT_TIMEOUT = 2.0

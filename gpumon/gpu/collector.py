@@ -17,7 +17,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from gpumon import __version__
 from gpumon import metrics as M
 from gpumon.gpu import xid as xids
-from gpumon.gpu.attribution.owners import OWNER_LABELS, GpuOwnership, OwnedProcess
+from gpumon.gpu.attribution.ownership import OWNER_LABELS, GpuOwnership, OwnedProcess
 from gpumon.gpu.events import EventsView
 from gpumon.gpu.snapshot import GpuStatus, Snapshot
 from gpumon.gpu.types import THROTTLE_REASONS, MigReading

@@ -15,7 +15,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 
-from gpumon.gpu.attribution.owners import Attributor, GpuOwnership
+from gpumon.gpu.attribution.owners import Attributor
+from gpumon.gpu.attribution.ownership import GpuOwnership
 from gpumon.gpu.backend import Backend, Device
 from gpumon.gpu.events import EventsView, EventWatcher
 from gpumon.gpu.snapshot import CollectorStatus, ErrorKey, GpuStatus, Snapshot

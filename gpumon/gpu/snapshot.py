@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from gpumon.gpu import xid
-from gpumon.gpu.attribution.owners import OWNER_LABELS, GpuOwnership
+from gpumon.gpu.attribution.ownership import OWNER_LABELS, GpuOwnership
 from gpumon.gpu.events import EventsView
 from gpumon.gpu.types import DriverInfo, GpuInfo, GpuReading
 from gpumon.host import HostReading

@@ -8,7 +8,7 @@ the import order below is the order of the exposition and of the docs.
 from __future__ import annotations
 
 # isort: off
-from gpumon.metrics.registry import GPU, REGISTRY, Metric
+from gpumon.metrics.registry import GPU, PROCESS_METRICS, REGISTRY, Metric, render_markdown
 from gpumon.metrics.exporter import *  # noqa: F403
 from gpumon.metrics.gpu import *  # noqa: F403
 from gpumon.metrics.links import *  # noqa: F403
@@ -20,7 +20,6 @@ from gpumon.metrics.processes import *  # noqa: F403
 from gpumon.metrics.host import *  # noqa: F403
 from gpumon.metrics.training import *  # noqa: F403
 from gpumon.metrics.baselines import *  # noqa: F403
-from gpumon.metrics.docs import PROCESS_METRICS, render_markdown
 # isort: on
 
 GPU_SCALARS = tuple(m for m in REGISTRY if m.field is not None)

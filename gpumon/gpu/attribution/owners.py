@@ -4,36 +4,15 @@ GPU → the pod the kubelet allocated it to, or the one Slurm job all its proces
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 from gpumon.gpu.attribution.kubelet import PodOwner
+from gpumon.gpu.attribution.ownership import GpuOwnership, OwnedProcess
 from gpumon.gpu.attribution.proc import ProcessResolver
 
 if TYPE_CHECKING:
     from gpumon.gpu.snapshot import GpuStatus
-
-OWNER_LABELS = ("namespace", "pod", "container", "slurm_job_id")
-
-
-@dataclass(frozen=True, slots=True)
-class OwnedProcess:
-    pid: int
-    name: str = ""
-    user: str = ""
-    container_id: str = ""
-    pod_uid: str = ""
-    namespace: str = ""
-    pod: str = ""
-    container: str = ""
-    slurm_job_id: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class GpuOwnership:
-    processes: Mapping[int, OwnedProcess]
-    owner: tuple[str, str, str, str] | None  # OWNER_LABELS values; None: nobody identifiable owns it
 
 
 class Attributor:

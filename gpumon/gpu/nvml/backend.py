@@ -15,7 +15,8 @@ from gpumon.gpu import fields as codec
 from gpumon.gpu.backend import Device
 from gpumon.gpu.dcgm import DcgmReadError, DcgmSource
 from gpumon.gpu.nvml import fieldvalues, gpm, mig, pcie, processes
-from gpumon.gpu.nvml.calls import DOWN_ERRORS, SKIP, Calls, NvmlDevice, error_kind, scaled
+from gpumon.gpu.nvml.calls import DOWN_ERRORS, SKIP, Calls, error_kind, scaled
+from gpumon.gpu.nvml.device import NvmlDevice
 from gpumon.gpu.nvml.fieldvalues import (
     FI_MEMORY_TEMP,
     FI_NVLINK_COUNT,

@@ -7,19 +7,13 @@ DeviceDown, and the sampler takes over with backoff.
 
 from __future__ import annotations
 
-import concurrent.futures
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pynvml
 
-from gpumon.gpu.backend import Device
-from gpumon.gpu.types import DeviceDown, GpuInfo, ReadError, Support
-
-if TYPE_CHECKING:
-    from gpumon.gpu.nvml.gpm import Stream
-    from gpumon.gpu.nvml.mig import MigDevice
-    from gpumon.gpu.nvml.pcie import DaemonPool
+from gpumon.gpu.nvml.device import NvmlDevice
+from gpumon.gpu.types import DeviceDown, ReadError, Support
 
 log = logging.getLogger("gpumon.nvml")
 
@@ -50,21 +44,6 @@ def error_kind(exc: BaseException) -> str:
     if isinstance(exc, AttributeError):  # an nvidia-ml-py too old to have this function
         return "FunctionNotFound"
     return "exception"
-
-
-class NvmlDevice(Device):
-    def __init__(self, info: GpuInfo, handle: Any) -> None:
-        super().__init__(info)
-        self.handle = handle
-        self.reads = 0
-        self.link_states: list[bool | None] = [None] * info.nvlink_count
-        self.fields: list[tuple[str, int, int]] = []
-        self.fields_version = -1
-        self.pcie_pool: DaemonPool | None = None
-        self.pcie_pending: tuple[concurrent.futures.Future, concurrent.futures.Future] | None = None
-        self.process_samples_seen = 0  # newest per-process utilization sample read so far (µs)
-        self.gpm: dict[int | None, Stream] = {}  # GPM sample pairs: whole GPU (None) or MIG GPU instance
-        self.mig_devices: list[MigDevice] | None = None  # the MIG layout, re-enumerated now and then
 
 
 class Calls:

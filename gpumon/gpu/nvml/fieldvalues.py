@@ -6,7 +6,8 @@ from __future__ import annotations
 import pynvml
 
 from gpumon.gpu import fields as codec
-from gpumon.gpu.nvml.calls import ABSENT_ERRORS, SKIP, Calls, NvmlDevice, error_kind, scaled, total
+from gpumon.gpu.nvml.calls import ABSENT_ERRORS, SKIP, Calls, error_kind, scaled, total
+from gpumon.gpu.nvml.device import NvmlDevice
 from gpumon.gpu.types import THROTTLE_REASONS, NvlinkReading, ReadError, Support
 
 UINT_MAX = 0xFFFFFFFF  # scopeId for "all links"

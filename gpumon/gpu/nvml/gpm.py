@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-from dataclasses import dataclass
 from typing import Any
 
 import pynvml
 
 from gpumon.gpu.nvml.calls import SKIP, Calls
+from gpumon.gpu.nvml.device import Stream
 from gpumon.gpu.types import ProfilingReading, Support
 
 MIN_GAP = 0.1  # seconds between the two samples of one difference, as NVML requires
@@ -44,18 +44,6 @@ class _Metric(ctypes.Structure):
     microseconds per field read: reading 12 results through it was most of GPM's CPU in gpumon."""
 
     _fields_ = pynvml.c_nvmlGpmMetric_t._fields_
-
-
-@dataclass
-class Stream:
-    """The sample pair of one GPU or one MIG GPU instance."""
-
-    previous: Any
-    current: Any
-    previous_at: float | None = None  # monotonic time ``previous`` was filled; None: nothing to diff
-    last: ProfilingReading | None = None
-    request: Any = None  # one c_nvmlGpmMetricsGet_t reused for every difference (it is 20 KB)
-    results: Any = None  # the request's first len(METRICS) results, seen through _Metric
 
 
 def supported(c: Calls) -> bool:

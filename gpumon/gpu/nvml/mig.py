@@ -7,23 +7,12 @@ utilisation is NOT_SUPPORTED under MIG: the per-instance GPM activity is what sh
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
-
 import pynvml
 
 from gpumon.gpu.nvml import gpm
 from gpumon.gpu.nvml.calls import SKIP, Calls
+from gpumon.gpu.nvml.device import MigDevice
 from gpumon.gpu.types import MigReading
-
-
-@dataclass(frozen=True, slots=True)
-class MigDevice:
-    handle: Any
-    uuid: str
-    gpu_instance_id: int
-    compute_instance_id: int
-    profile: str
 
 
 def read(c: Calls, now: float, *, profiling: bool, every: int = 10) -> tuple[MigReading, ...] | None:

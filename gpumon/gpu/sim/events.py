@@ -14,12 +14,12 @@ from typing import TYPE_CHECKING, Any
 import pynvml
 
 from gpumon.gpu.sim.catalog import SimModel
+from gpumon.gpu.sim.device import NO_INSTANCE
 
 if TYPE_CHECKING:
+    from gpumon.gpu.sim.device import SimGpu
     from gpumon.gpu.sim.faults import Faults
-    from gpumon.gpu.sim.nvml import SimGpu
 
-NO_INSTANCE = 0xFFFFFFFF  # what NVML puts in gpuInstanceId for an event outside any MIG instance
 XID = pynvml.nvmlEventTypeXidCriticalError
 _ECC_EVENTS = (
     pynvml.nvmlEventTypeSingleBitEccError

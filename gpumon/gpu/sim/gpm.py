@@ -17,7 +17,7 @@ import pynvml
 from gpumon.gpu.sim.catalog import MiB
 
 if TYPE_CHECKING:
-    from gpumon.gpu.sim.nvml import SimGpu
+    from gpumon.gpu.sim.device import SimGpu
 
 # GPM metric id → the simulated activity unit it averages (percent of the interval)
 _ACTIVITY = {

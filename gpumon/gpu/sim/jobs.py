@@ -3,7 +3,7 @@
 This is the simulator's half of a simulated job, and lives with the simulator because the GPUs it runs on
 must show it: utilisation, power and NVLink follow the job's data-wait, compute and all-reduce phases (a
 ``SimJob`` is the workload of its GPUs' dynamics, in place of the node's job sequence). The other half, the
-ranks that report each step through the real SDK, is gpumon/training/simjob.py: it needs the SDK, the peak
+ranks that report each step through the real SDK, is gpumon/gpu/sim/ranks.py: it needs the SDK, the peak
 table and a running daemon, none of which the simulator should depend on.
 
 A spec is ``NAME:GPUS[:FIRST_RANK/WORLD_SIZE][:KEY=VALUE...]``: ``llama-70b:0-7:8/24`` is ranks 8..15 of a

@@ -7,41 +7,14 @@ power, clocks and the rest stay per physical GPU.
 
 from __future__ import annotations
 
-import re
 from typing import TYPE_CHECKING, Any
 
 import pynvml
 
-from gpumon.gpu.sim.catalog import MiB
-from gpumon.gpu.sim.dynamics import _mix
-
-if TYPE_CHECKING:
-    from gpumon.gpu.sim.nvml import SimGpu
+from gpumon.gpu.sim.device import SimGpu, SimMigDevice
 
 MAX_MIG_DEVICES = 7
-_GB = re.compile(r"\.(\d+)gb$")
 
-
-class SimMigDevice:
-    """The handle NVML gives for one MIG device (a compute instance inside a GPU instance)."""
-
-    def __init__(self, parent: SimGpu, slot: int, profile: str, seed: int) -> None:
-        self.parent = parent
-        self.slot = slot
-        self.profile = profile
-        self.gpu_instance_id = slot + 1  # NVML numbers GPU instances from 1 in placement order, roughly
-        self.compute_instance_id = 0
-        m = _GB.search(profile)
-        self.memory_bytes = int(m.group(1) if m else 10) * 1000 * MiB
-        h = f"{_mix(seed, parent.index, slot, 0x316):016x}{_mix(seed, parent.index, slot, 0x317):016x}"
-        self.uuid = f"MIG-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
-
-    def __repr__(self) -> str:
-        return f"<SimMigDevice {self.parent.index}/{self.slot} {self.profile}>"
-
-
-def mig_devices(gpu: SimGpu, seed: int) -> list[SimMigDevice]:
-    return [SimMigDevice(gpu, i, p, seed) for i, p in enumerate(gpu.model.mig_layout)]
 
 
 class SimMig:

@@ -20,17 +20,18 @@ import pynvml
 
 from gpumon.gpu import fields
 from gpumon.gpu.sim.catalog import MiB, SimModel, parse_spec
-from gpumon.gpu.sim.dynamics import DeviceState, NodeWorkload, TrainingDynamics, _mix, step_seconds
+from gpumon.gpu.sim.device import SimGpu, SimMigDevice, StaticDynamics
+from gpumon.gpu.sim.dynamics import NodeWorkload, TrainingDynamics, step_seconds
 from gpumon.gpu.sim.events import SimEvents
 from gpumon.gpu.sim.faults import Faults, Window
 from gpumon.gpu.sim.gpm import SimGpm
 from gpumon.gpu.sim.jobs import SimJob, parse_jobs
-from gpumon.gpu.sim.mig import SimMig, SimMigDevice, mig_devices
-from gpumon.gpu.sim.processes import SimProcess, SimProcesses
+from gpumon.gpu.sim.mig import SimMig
+from gpumon.gpu.sim.processes import SimProcesses
 from gpumon.gpu.types import THROTTLE_REASONS
 
 UINT_MAX = 0xFFFFFFFF
-_HGX_BUSES = (0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB)
+
 
 # the fields the simulator answers (pynvml's own names; everything else is NOT_SUPPORTED)
 FI_MEMORY_TEMP = pynvml.NVML_FI_DEV_MEMORY_TEMP
@@ -55,39 +56,6 @@ _MODEL_GAPS: dict[str | int, Callable[[SimModel], bool]] = {
 MAX_SPEED = 10000.0  # a simulated day in under 9 s: past that a sweep spans hours and shows nothing
 _UINT = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT
 _ULL = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
-
-
-class StaticDynamics:
-    """A GPU whose readings only change when a test changes them."""
-
-    def __init__(self, model: SimModel) -> None:
-        self.state = DeviceState(model)
-
-    def advance_to(self, t: float) -> None:
-        pass
-
-
-class SimGpu:
-    def __init__(self, index: int, model: SimModel, seed: int, dynamics: TrainingDynamics | StaticDynamics):
-        self.index = index
-        self.model = model
-        self.dynamics = dynamics
-        h = f"{_mix(seed, index, 0x0DD):016x}{_mix(seed, index, 0xBEEF):016x}"
-        self.uuid = f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
-        self.pci_bus_id = f"{index // 8:08X}:{_HGX_BUSES[index % 8]:02X}:00.0"
-        self.serial = str(1650000000000 + _mix(seed, index, 7) % 10**9)
-        self.persistence_mode = pynvml.NVML_FEATURE_ENABLED
-        self.unsupported: set[str | int] = {k for k, gap in _MODEL_GAPS.items() if gap(model)}
-        self.lock = threading.Lock()
-        self.processes: list[SimProcess] | None = None  # a test's fixed process list; None: the job's
-        self.mig: list[SimMigDevice] = mig_devices(self, seed)
-
-    @property
-    def state(self) -> DeviceState:
-        return self.dynamics.state
-
-    def __repr__(self) -> str:
-        return f"<SimGpu {self.index} {self.model.key}>"
 
 
 class SimNvml(SimEvents, SimMig, SimGpm, SimProcesses):
@@ -138,7 +106,11 @@ class SimNvml(SimEvents, SimMig, SimGpm, SimProcesses):
         dt = step_seconds(self.speed)
         self.gpus = [
             SimGpu(
-                i, m, seed, StaticDynamics(m) if static else TrainingDynamics(m, i, seed, w, slowed[i], dt)
+                i,
+                m,
+                seed,
+                StaticDynamics(m) if static else TrainingDynamics(m, i, seed, w, slowed[i], dt),
+                {k for k, gap in _MODEL_GAPS.items() if gap(m)},
             )
             for i, m in enumerate(models)
             for w in [workloads.get(i, node)]

@@ -15,34 +15,14 @@ import shutil
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 import pynvml
 
 from gpumon.gpu.attribution.kubelet import PodOwner
+from gpumon.gpu.sim.device import SimGpu, SimProcess
 from gpumon.gpu.sim.dynamics import _mix
-
-if TYPE_CHECKING:
-    from gpumon.gpu.sim.nvml import SimGpu
-
-NO_INSTANCE = 0xFFFFFFFF
-
-
-@dataclass
-class SimProcess:
-    pid: int
-    used_memory: int  # bytes
-    sm_util: float = 0.0  # ratio
-    mem_util: float = 0.0
-    name: str = "python"
-    uid: int = field(default_factory=os.getuid)
-    cgroup: str = "0::/user.slice\n"
-    environ: dict[str, str] = field(default_factory=dict)
-    start_ticks: int = 1000
-    gpu_instance: int = NO_INSTANCE
-    compute_instance: int = NO_INSTANCE
 
 
 def job_processes(gpu: SimGpu, seed: int, now: float) -> list[SimProcess]:

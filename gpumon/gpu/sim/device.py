@@ -1,0 +1,98 @@
+"""One simulated GPU and what hangs off it: its identity, its dynamics, its MIG devices and the processes a
+test pins on it. The handles the simulated NVML hands out.
+
+The halves of SimNvml (events, gpm, mig, processes, nvml) build on this module; it imports none of them.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+from dataclasses import dataclass, field
+
+import pynvml
+
+from gpumon.gpu.sim.catalog import MiB, SimModel
+from gpumon.gpu.sim.dynamics import DeviceState, TrainingDynamics, _mix
+
+_HGX_BUSES = (0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB)
+_GB = re.compile(r"\.(\d+)gb$")
+NO_INSTANCE = 0xFFFFFFFF  # NVML's instance id for a process or event outside any MIG instance
+
+
+@dataclass
+class SimProcess:
+    pid: int
+    used_memory: int  # bytes
+    sm_util: float = 0.0  # ratio
+    mem_util: float = 0.0
+    name: str = "python"
+    uid: int = field(default_factory=os.getuid)
+    cgroup: str = "0::/user.slice\n"
+    environ: dict[str, str] = field(default_factory=dict)
+    start_ticks: int = 1000
+    gpu_instance: int = NO_INSTANCE
+    compute_instance: int = NO_INSTANCE
+
+
+class SimMigDevice:
+    """The handle NVML gives for one MIG device (a compute instance inside a GPU instance)."""
+
+    def __init__(self, parent: SimGpu, slot: int, profile: str, seed: int) -> None:
+        self.parent = parent
+        self.slot = slot
+        self.profile = profile
+        self.gpu_instance_id = slot + 1  # NVML numbers GPU instances from 1 in placement order, roughly
+        self.compute_instance_id = 0
+        m = _GB.search(profile)
+        self.memory_bytes = int(m.group(1) if m else 10) * 1000 * MiB
+        h = f"{_mix(seed, parent.index, slot, 0x316):016x}{_mix(seed, parent.index, slot, 0x317):016x}"
+        self.uuid = f"MIG-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
+
+    def __repr__(self) -> str:
+        return f"<SimMigDevice {self.parent.index}/{self.slot} {self.profile}>"
+
+
+def mig_devices(gpu: SimGpu, seed: int) -> list[SimMigDevice]:
+    return [SimMigDevice(gpu, i, p, seed) for i, p in enumerate(gpu.model.mig_layout)]
+
+
+class StaticDynamics:
+    """A GPU whose readings only change when a test changes them."""
+
+    def __init__(self, model: SimModel) -> None:
+        self.state = DeviceState(model)
+
+    def advance_to(self, t: float) -> None:
+        pass
+
+
+class SimGpu:
+    def __init__(
+        self,
+        index: int,
+        model: SimModel,
+        seed: int,
+        dynamics: TrainingDynamics | StaticDynamics,
+        unsupported: set[str | int],
+    ) -> None:
+        self.index = index
+        self.model = model
+        self.dynamics = dynamics
+        h = f"{_mix(seed, index, 0x0DD):016x}{_mix(seed, index, 0xBEEF):016x}"
+        self.uuid = f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
+        self.pci_bus_id = f"{index // 8:08X}:{_HGX_BUSES[index % 8]:02X}:00.0"
+        self.serial = str(1650000000000 + _mix(seed, index, 7) % 10**9)
+        self.persistence_mode = pynvml.NVML_FEATURE_ENABLED
+        self.unsupported = unsupported  # the calls and field ids its model lacks
+        self.lock = threading.Lock()
+        self.processes: list[SimProcess] | None = None  # a test's fixed process list; None: the job's
+        self.mig: list[SimMigDevice] = mig_devices(self, seed)
+
+    @property
+    def state(self) -> DeviceState:
+        return self.dynamics.state
+
+    def __repr__(self) -> str:
+        return f"<SimGpu {self.index} {self.model.key}>"

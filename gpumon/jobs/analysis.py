@@ -1,0 +1,264 @@
+"""Join what ranks report with what the GPUs show: rates, MFU, tokens per joule, diagnosis, stragglers.
+
+Computed on demand (a scrape, GET /v1/jobs) from the store's views and the sampler's latest snapshot; it
+never calls NVML. Peak FLOP/s come from the rank's own report, else the peak table, else the operator's
+override (--peak-tflops) for GPUs the table does not know; a GPU known to none of them leaves MFU absent,
+with a warning, rather than borrowing another GPU's figure.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import re
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from gpumon.gpu.snapshot import Snapshot
+from gpumon.jobs import peaks
+from gpumon.jobs.diagnosis import Signals, Thresholds, Verdict, diagnose, straggler_scores
+from gpumon.jobs.gpus import Found, GpuHistory, GpuWindow, mean, resolve
+from gpumon.jobs.store import JobStore, RankView
+from gpumon.jobs.window import Rates, measure
+
+log = logging.getLogger(__name__)
+_MIG_SLICES = re.compile(r"^(\d+)g\.")
+MIG_COMPUTE_SLICES = 7.0  # A100, H100, H200: a "1g" instance has one seventh of the SMs
+
+
+@dataclass(frozen=True, slots=True)
+class GpuUse:
+    window: GpuWindow
+    via: str  # device, mig or process
+    sharers: int  # ranks on this node using the same GPU (or MIG device)
+
+
+@dataclass(frozen=True, slots=True)
+class Peak:
+    flops: float | None
+    source: str | None  # report, override or table
+    problem: str | None  # why there is none
+
+
+@dataclass(frozen=True, slots=True)
+class RankResult:
+    view: RankView
+    rates: Rates
+    gpus: tuple[GpuUse, ...]
+    peak: Peak
+    flops: float | None
+    mfu: float | None
+    tokens_per_joule: float | None
+    signals: Signals
+    verdict: Verdict
+    straggler: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class JobResult:
+    job: str
+    ranks: tuple[RankResult, ...]
+    tokens_per_second: float | None
+    mfu: float | None
+    signals: Signals
+    verdict: Verdict
+
+
+def _max(values: list[float | None]) -> float | None:
+    return max((v for v in values if v is not None), default=None)
+
+
+class Analysis:
+    def __init__(
+        self,
+        store: JobStore,
+        source: Callable[[], Snapshot | None],
+        *,
+        thresholds: Thresholds | None = None,
+        peak_override: Mapping[str, float] | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.store = store
+        self.source = source
+        self.thresholds = thresholds or Thresholds()
+        self.peak_override = dict(peak_override or {})  # dtype → FLOP/s per GPU, for GPUs the table lacks
+        self.clock = clock
+        self.history = GpuHistory()
+        self._warned: set[tuple[str, str]] = set()
+
+    @property
+    def window(self) -> float:
+        return self.store.window
+
+    def observe(self, snap: Snapshot | None = None) -> None:
+        """Feed the GPU history a snapshot (default: the latest); a sampler listener, so the history has
+        every sweep whatever the report and scrape traffic. Cheap when the snapshot was seen already."""
+        self.history.observe(self.source() if snap is None else snap, self.window)
+
+    def jobs(self, now: float | None = None, only: str | None = None) -> list[JobResult]:
+        """Every job on this node, or just ``only`` (its GPUs' sharers still count every job's ranks)."""
+        now = self.clock() if now is None else now
+        snap = self.source()
+        self.history.observe(snap, self.window)
+        views = self.store.views(now)
+        resolved: dict[tuple[str, int], list[Found]] = {
+            (v.report.job, v.report.rank): resolve(v.report.devices, v.report.pid, snap) for v in views
+        }
+        sharers: dict[str, int] = {}
+        for founds in resolved.values():
+            for f in founds:
+                sharers[f.key] = sharers.get(f.key, 0) + 1
+        windows: dict[str, GpuWindow] = {}  # one per GPU (or MIG device), however many ranks share it
+        by_job: dict[str, list[RankResult]] = {}
+        for v in views:
+            if only is not None and v.report.job != only:
+                continue
+            uses = []
+            for f in resolved[(v.report.job, v.report.rank)]:
+                if f.key not in windows:
+                    windows[f.key] = self.history.window(f.status, now, self.window, f.mig)
+                uses.append(GpuUse(windows[f.key], f.via, sharers[f.key]))
+            by_job.setdefault(v.report.job, []).append(self._rank(v, tuple(uses), now))
+        return [self._job(job, ranks) for job, ranks in sorted(by_job.items())]
+
+    def _rank(self, v: RankView, uses: tuple[GpuUse, ...], now: float) -> RankResult:
+        r = v.report
+        rates = measure(v, now, self.window)
+        peak = self._peak(v, uses)
+        flops = None
+        if r.flops_per_token is not None and rates.tokens_per_second is not None:
+            flops = _finite(rates.tokens_per_second * r.flops_per_token)
+        mfu = _finite(flops / peak.flops) if flops is not None and peak.flops else None
+        watts = [u.window.power_watts / u.sharers for u in uses if u.window.power_watts is not None]
+        tpj = None
+        if rates.tokens_per_second is not None and watts and len(watts) == len(uses) and sum(watts) > 0:
+            tpj = _finite(rates.tokens_per_second / sum(watts))
+        signals = self._signals(rates, uses, mfu)
+        return RankResult(
+            v, rates, uses, peak, flops, mfu, tpj, signals, diagnose(signals, self.thresholds), None
+        )
+
+    def _peak(self, v: RankView, uses: tuple[GpuUse, ...]) -> Peak:
+        r = v.report
+        if not uses:
+            return Peak(
+                None, None, "no GPU known for this rank: report device= or run where NVML sees its pid"
+            )
+        if r.peak_flops is not None:
+            return Peak(sum(r.peak_flops * _mig_fraction(u.window.mig_profile) for u in uses), "report", None)
+        if r.dtype is None:
+            return Peak(None, None, "the rank did not report its dtype (Reporter(dtype=...))")
+        total = 0.0
+        sources = set()
+        for u in uses:
+            per_gpu = peaks.peak_flops(u.window.name, r.dtype)
+            source = "table"
+            if per_gpu is None:  # the override is for GPUs the table does not know, never over the table
+                per_gpu = self.peak_override.get(r.dtype)
+                source = "override"
+            if per_gpu is None:
+                self._warn_unknown(u.window.name, r.dtype)
+                return Peak(None, None, f"no {r.dtype} peak known for {u.window.name!r}: set --peak-tflops")
+            sources.add(source)
+            total += per_gpu * _mig_fraction(u.window.mig_profile)
+        return Peak(total, "+".join(sorted(sources)), None)
+
+    def _warn_unknown(self, name: str, dtype: str) -> None:
+        if (name, dtype) not in self._warned:
+            self._warned.add((name, dtype))
+            log.warning(
+                "no %s peak FLOP/s known for %r: MFU is left out for jobs on it; set --peak-tflops "
+                "(e.g. %s=NNN, TFLOP/s from the datasheet) to supply it",
+                dtype,
+                name,
+                dtype,
+            )
+
+    def _signals(self, rates: Rates, uses: tuple[GpuUse, ...], mfu: float | None) -> Signals:
+        w = [u.window for u in uses]
+        nvlink = []
+        for g in w:
+            known = peaks.lookup(g.name)
+            capacity = known.nvlink_total_bytes_per_second if known else None
+            if g.nvlink_bytes_per_second is not None and capacity:
+                nvlink.append(g.nvlink_bytes_per_second / capacity)
+        down = [g for g in w if not g.up]
+        return Signals(
+            progressing=rates.progressing,
+            gpu_down=(f"GPU {down[0].index}: {down[0].down_reason or 'not answering'}" if down else None),
+            data_wait_share=rates.phase_ratios.get("data_wait"),
+            communication_share=rates.phase_ratios.get("communication"),
+            nvlink_utilization=_max(list(nvlink)),
+            mfu=mfu,
+            **_gpu_signals(w),
+        )
+
+    def _job(self, job: str, ranks: list[RankResult]) -> JobResult:
+        scores = straggler_scores(_costs(ranks))
+        ranks = [dataclasses.replace(r, straggler=s) for r, s in zip(ranks, scores, strict=True)]
+        rates = [r.rates.tokens_per_second for r in ranks]
+        known = [x for x in rates if x is not None]
+        flops = [r.flops for r in ranks]
+        peak = [r.peak.flops for r in ranks]
+        mfu = None
+        if all(f is not None for f in flops) and all(p for p in peak):
+            mfu = sum(f for f in flops if f is not None) / sum(p for p in peak if p)
+        sig = [r.signals for r in ranks]
+        progressing = [s.progressing for s in sig if s.progressing is not None]
+        signals = Signals(
+            progressing=any(progressing) if progressing else None,
+            gpu_down=next((s.gpu_down for s in sig if s.gpu_down), None),
+            data_wait_share=mean([s.data_wait_share for s in sig]),
+            communication_share=mean([s.communication_share for s in sig]),
+            nvlink_utilization=_max([s.nvlink_utilization for s in sig]),
+            mfu=mfu,
+            **_gpu_signals(sig),
+        )
+        return JobResult(
+            job, tuple(ranks), sum(known) if known else None, mfu, signals, diagnose(signals, self.thresholds)
+        )
+
+
+# GPU signals, by how several GPUs (or several ranks) combine: activity averages, pressure is the worst
+_MEANS = ("utilization", "sm_active", "tensor_active", "dram_active")
+_MAXES = ("pcie_utilization", "throttled_share", "memory_used_ratio")
+
+
+def _gpu_signals(items: Sequence[object]) -> dict[str, float | None]:
+    """The GPU half of Signals from GpuWindows (a rank's GPUs) or from Signals (a job's ranks)."""
+    out = {name: mean([getattr(x, name) for x in items]) for name in _MEANS}
+    out.update({name: _max([getattr(x, name) for x in items]) for name in _MAXES})
+    return out
+
+
+def _finite(x: float) -> float | None:
+    return x if math.isfinite(x) else None
+
+
+def _mig_fraction(profile: str | None) -> float:
+    m = _MIG_SLICES.match(profile or "")
+    return min(1.0, int(m.group(1)) / MIG_COMPUTE_SLICES) if m else 1.0
+
+
+def _costs(ranks: list[RankResult]) -> list[float | None]:
+    """Per rank, the time it needs for its own work: busy seconds per step when every rank reports its
+    communication or data-wait phase (in synchronous data parallelism all ranks share one step time; the
+    straggler is the one the others wait for), else seconds per token."""
+    phased = all(
+        r.rates.step_time_seconds is not None
+        and ("communication" in r.rates.phase_ratios or "data_wait" in r.rates.phase_ratios)
+        for r in ranks
+    )
+    out: list[float | None] = []
+    for r in ranks:
+        rt = r.rates
+        if phased and rt.step_time_seconds is not None:
+            waiting = rt.phase_ratios.get("communication", 0.0) + rt.phase_ratios.get("data_wait", 0.0)
+            out.append(rt.step_time_seconds * max(0.0, 1.0 - waiting))
+        elif rt.tokens_per_second:
+            out.append(1.0 / rt.tokens_per_second)
+        else:
+            out.append(None)
+    return out

@@ -1,0 +1,53 @@
+"""The training-telemetry half of the daemon, assembled from settings: store, analysis, ingest policy,
+the baseline library and the job history that ``gpumon baseline record`` reads."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from gpumon.baselines.history import JobHistory
+from gpumon.baselines.watch import LibraryWatch
+from gpumon.config import Settings
+from gpumon.gpu.compat_dcgm import node_hostname
+from gpumon.gpu.snapshot import Snapshot
+from gpumon.jobs.analysis import Analysis
+from gpumon.jobs.api import IngestPolicy
+from gpumon.jobs.collector import IngestStats, TrainingCollector
+from gpumon.jobs.diagnosis import Thresholds
+from gpumon.jobs.store import JobStore
+
+
+@dataclass(frozen=True)
+class Training:
+    analysis: Analysis
+    stats: IngestStats
+    policy: IngestPolicy
+    library: LibraryWatch | None = None
+    history: JobHistory | None = None
+
+    def collector(self) -> TrainingCollector:
+        return TrainingCollector(self.analysis, self.stats, self.library)
+
+    def observe(self, snap: Snapshot | None = None) -> None:
+        """A sampler listener: the GPU history gets every sweep; the job history a sample every 10 s."""
+        self.analysis.observe(snap)
+        if self.history is not None and self.history.due():
+            now = time.time()
+            self.history.record(self.analysis.jobs(now), now)
+
+
+def from_settings(settings: Settings, source: Callable[[], Snapshot | None]) -> Training:
+    store = JobStore(
+        max_jobs=settings.max_jobs,
+        max_ranks=settings.max_ranks,
+        ttl=settings.rank_ttl,
+        window=settings.rate_window,
+    )
+    analysis = Analysis(
+        store, source, thresholds=Thresholds(**settings.thresholds), peak_override=settings.peak_tflops
+    )
+    policy = IngestPolicy(token=settings.ingest_token, allow_remote=settings.ingest_allow_remote)
+    history = JobHistory(node=settings.node_name or node_hostname())
+    return Training(analysis, IngestStats(), policy, LibraryWatch(settings.baselines), history)

@@ -1,0 +1,305 @@
+"""Reports per (job, rank): exported totals, a short history for windowed rates, restarts, limits, expiry.
+
+Reports carry cumulative totals, so the store keeps the latest one per rank plus a bounded history of
+points for the sliding-window rates. A new incarnation (the training process restarted) folds the old one's
+final totals into offsets, so exported counters never go backwards while the daemon runs. All methods are
+thread-safe: ingest runs on the server's threads while scrapes and /v1/jobs read.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from gpumon.client import protocol as P
+from gpumon.jobs.report import Report
+
+MAX_POINTS = 512  # per rank: 60 s of reports at 8/s; more only shortens the effective window
+FINISHED_LINGER = 30.0  # seconds a rank stays after its final report, so a scrape sees its last totals
+# a rank that went (finished, or silent past the TTL) keeps its counter offsets this long, so a process that
+# comes back as the same (job, rank) continues its counters instead of resetting them
+RETAIN_OFFSETS = 3600.0
+LOST_RETAIN = (
+    3600.0  # seconds a gone job's lost-ranks counter stays, so increase() over the alert's range sees it
+)
+# a replaced incarnation still reporting this long after its successor started is a second live process
+CONFLICT_GRACE = 5.0
+
+
+class Point(NamedTuple):
+    """One accepted report, reduced to what the windows need (incarnation-local values)."""
+
+    reported: float  # the report's time
+    updated: float | None  # when its totals last changed (a step or request)
+    steps: float
+    tokens: float
+    samples: float
+    requests: float
+    step_sum: float
+    step_count: float
+    phases: Mapping[str, float]
+
+
+class LimitExceeded(Exception):
+    def __init__(self, outcome: str, message: str) -> None:
+        super().__init__(message)
+        self.outcome = outcome  # "job_limit" or "rank_limit"
+
+
+class Stale(Exception):
+    """Not an error the client must fix: a report older than what the store already holds."""
+
+
+class Conflict(Exception):
+    """Two live processes report as the same (job, rank): the client must tell them apart."""
+
+
+_ZEROS = (0.0,) * (len(P.BUCKETS) + 1)
+
+
+@dataclass(frozen=True, slots=True)
+class Offsets:
+    """What earlier incarnations of a rank contributed to its exported counters (replaced, never mutated)."""
+
+    steps: float = 0.0
+    tokens: float = 0.0
+    samples: float = 0.0
+    requests: float = 0.0
+    phases: Mapping[str, float] = field(default_factory=dict)
+    step_counts: tuple[float, ...] = _ZEROS
+    step_sum: float = 0.0
+    request_counts: tuple[float, ...] = _ZEROS
+    request_sum: float = 0.0
+
+    def plus(self, r: Report) -> Offsets:
+        t = r.totals
+        phases = dict(self.phases)
+        for name, seconds in r.phases.items():
+            phases[name] = phases.get(name, 0.0) + seconds
+        req = r.request_seconds
+        return Offsets(
+            self.steps + t.steps,
+            self.tokens + t.tokens,
+            self.samples + t.samples,
+            self.requests + t.requests,
+            phases,
+            tuple(a + b for a, b in zip(self.step_counts, r.step_seconds.counts, strict=True)),
+            self.step_sum + r.step_seconds.sum,
+            self.request_counts
+            if req is None
+            else tuple(a + b for a, b in zip(self.request_counts, req.counts, strict=True)),
+            self.request_sum + (0.0 if req is None else req.sum),
+        )
+
+
+@dataclass
+class Rank:
+    report: Report  # the latest accepted
+    received: float  # daemon clock
+    offsets: Offsets = field(default_factory=Offsets)
+    restarts: int = 0
+    points: deque[Point] = field(default_factory=lambda: deque(maxlen=MAX_POINTS))
+    anchor: Point | None = None
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return self.report.job, self.report.rank
+
+
+@dataclass(frozen=True, slots=True)
+class RankView:
+    """An immutable copy of one rank for analysis, taken under the store's lock."""
+
+    report: Report
+    received: float
+    offsets: Offsets
+    restarts: int
+    points: tuple[Point, ...]
+    anchor: Point | None
+
+    def totals(self) -> dict[str, float]:
+        """The exported counters: earlier incarnations' offsets plus this one's totals."""
+        return {name: getattr(self.offsets, name) + getattr(self.report.totals, name) for name in P.TOTALS}
+
+    def phases(self) -> dict[str, float]:
+        """Exported phase seconds, including phases only an earlier incarnation reported."""
+        mine, before = self.report.phases, self.offsets.phases
+        return {name: mine.get(name, 0.0) + before.get(name, 0.0) for name in sorted({*mine, *before})}
+
+
+def _point(r: Report) -> Point:
+    t = r.totals
+    h = r.step_seconds
+    return Point(r.time, r.updated, t.steps, t.tokens, t.samples, t.requests, h.sum, h.count, r.phases)
+
+
+def _anchor(r: Report) -> Point | None:
+    if r.anchor is None or r.anchor_time is None:
+        return None
+    a = r.anchor
+    return Point(r.anchor_time, r.anchor_time, a.steps, a.tokens, a.samples, a.requests, 0.0, 0.0, {})
+
+
+class JobStore:
+    def __init__(self, *, max_jobs: int, max_ranks: int, ttl: float, window: float) -> None:
+        self.max_jobs = max_jobs
+        self.max_ranks = max_ranks
+        self.ttl = ttl
+        self.window = window
+        self.expired = 0
+        self._ranks: dict[tuple[str, int], Rank] = {}
+        self._gone: dict[tuple[str, int], tuple[float, Rank]] = {}  # (when it went, the rank) for offsets
+        self._expired_at = float("-inf")
+        self._lost: dict[str, tuple[int, float]] = {}  # job -> (ranks lost, when the job was last seen)
+        self._lock = threading.Lock()
+
+    def ingest(self, r: Report, now: float) -> None:
+        """Store one report. Raises Stale (ignored, 'duplicate'), Conflict, LimitExceeded, or ValueError."""
+        with self._lock:
+            if now - self._expired_at >= 1.0:  # a scan of every rank: not per report under a flood
+                self._expire(now)
+            key = (r.job, r.rank)
+            rank = self._ranks.get(key)
+            if rank is None:
+                self._expire(now)  # new ranks are rare, and the limits must count only live ones
+                self._admit(r)
+                rank = self._ranks[key] = self._revive(key, r, now)
+            elif r.incarnation != rank.report.incarnation:
+                if r.started < rank.report.started:
+                    if r.final or r.time < rank.report.started + CONFLICT_GRACE:
+                        raise Stale()  # a late report from a process that has since been replaced
+                    raise Conflict(_conflict(r, rank.report))
+                _restart(rank)
+            elif r.seq <= rank.report.seq:
+                raise Stale()
+            else:
+                _check_monotonic(rank.report, r)
+            rank.report = r
+            rank.received = now
+            rank.anchor = rank.anchor or _anchor(r)
+            points = rank.points
+            points.append(_point(r))
+            horizon = r.time - self.window  # the report's own clock, like its points
+            while len(points) > 2 and points[1].reported < horizon:
+                points.popleft()  # keeps one point before the window, the base for a slow step
+
+    def _revive(self, key: tuple[str, int], r: Report, now: float) -> Rank:
+        """A new rank, or one that went and came back: then its counters continue where they were."""
+        fresh = Rank(report=r, received=now)
+        went = self._gone.pop(key, None)
+        if went is None:
+            return fresh
+        old = went[1]
+        if r.incarnation == old.report.incarnation:  # silent past the TTL, then back: the same process
+            _check_monotonic(old.report, r)
+            fresh.offsets, fresh.restarts = old.offsets, old.restarts
+        elif r.started >= old.report.started:
+            fresh.offsets, fresh.restarts = old.offsets.plus(old.report), old.restarts + 1
+        return fresh
+
+    def _admit(self, r: Report) -> None:
+        jobs = {job for job, _ in self._ranks}
+        if r.job not in jobs and len(jobs) >= self.max_jobs:
+            raise LimitExceeded(
+                "job_limit",
+                f"this node already tracks {len(jobs)} jobs (the limit, --max-jobs); job {r.job!r} refused "
+                "until one stops reporting",
+            )
+        if len(self._ranks) >= self.max_ranks:
+            raise LimitExceeded(
+                "rank_limit",
+                f"this node already tracks {len(self._ranks)} ranks (the limit, --max-ranks); "
+                f"rank {r.rank} of job {r.job!r} refused until one stops reporting",
+            )
+
+    def _expire(self, now: float) -> None:
+        self._expired_at = now
+        gone = [
+            key
+            for key, rank in self._ranks.items()
+            if now - rank.received > (min(self.ttl, FINISHED_LINGER) if rank.report.final else self.ttl)
+        ]
+        for key in gone:
+            rank = self._ranks.pop(key)
+            # a gone rank is kept (RETAIN_OFFSETS) for its counters alone: its report history (up to
+            # MAX_POINTS points, each with its phases) would hold tens of MB over 4 x max_ranks of them
+            rank.points.clear()
+            rank.anchor = None
+            self._gone[key] = (now, rank)
+            if not rank.report.final:
+                self._lost[key[0]] = (self._lost.get(key[0], (0, now))[0] + 1, now)
+        self.expired += len(gone)
+        if gone or len(self._gone) > 4 * self.max_ranks:
+            keep = sorted(self._gone.items(), key=lambda kv: kv[1][0])[-4 * self.max_ranks :]
+            self._gone = {k: v for k, v in keep if now - v[0] <= RETAIN_OFFSETS}
+
+    def lost(self, now: float) -> dict[str, int]:
+        """Ranks lost per job: every live job (0 until one is lost), and jobs gone within LOST_RETAIN."""
+        with self._lock:
+            self._expire(now)
+            live = {job for job, _ in self._ranks}
+            for job in live:
+                self._lost[job] = (self._lost.get(job, (0, now))[0], now)
+            recent = sorted(self._lost.items(), key=lambda kv: kv[1][1])[-4 * self.max_jobs :]
+            self._lost = {j: v for j, v in recent if j in live or now - v[1] <= LOST_RETAIN}
+            return {j: n for j, (n, _) in sorted(self._lost.items())}
+
+    def views(self, now: float) -> list[RankView]:
+        with self._lock:
+            self._expire(now)
+            return [
+                RankView(
+                    rank.report,
+                    rank.received,
+                    rank.offsets,
+                    rank.restarts,
+                    tuple(rank.points),
+                    rank.anchor,
+                )
+                for rank in sorted(self._ranks.values(), key=lambda x: x.key)
+            ]
+
+
+def _restart(rank: Rank) -> None:
+    rank.offsets = rank.offsets.plus(rank.report)
+    rank.restarts += 1
+    rank.points.clear()
+    rank.anchor = None
+
+
+def _conflict(r: Report, current: Report) -> str:
+    return (
+        f"job {r.job!r} rank {r.rank} is also reported by pid {current.pid}, which started later; two live "
+        f"processes (this one is pid {r.pid}) cannot share one (job, rank): give each its own job name "
+        "(Reporter(job=...) or GPUMON_JOB) or rank"
+    )
+
+
+def _pairs(old: Report, new: Report) -> list[tuple[str, float, float]]:
+    """Every cumulative quantity of a report, old value beside new."""
+    pairs = [(f"totals.{n}", getattr(old.totals, n), getattr(new.totals, n)) for n in P.TOTALS]
+    pairs.append(("step_seconds.sum", old.step_seconds.sum, new.step_seconds.sum))
+    pairs += [
+        (f"step_seconds.counts[{i}]", a, b)
+        for i, (a, b) in enumerate(zip(old.step_seconds.counts, new.step_seconds.counts, strict=True))
+    ]
+    if old.request_seconds is not None:
+        new_req = new.request_seconds
+        pairs.append(("request_seconds.sum", old.request_seconds.sum, new_req.sum if new_req else -1.0))
+        for i, a in enumerate(old.request_seconds.counts):
+            pairs.append((f"request_seconds.counts[{i}]", a, new_req.counts[i] if new_req else -1.0))
+    pairs += [(f"phases.{n}", s, new.phases.get(n, -1.0)) for n, s in old.phases.items()]
+    return pairs
+
+
+def _check_monotonic(old: Report, new: Report) -> None:
+    for name, a, b in _pairs(old, new):
+        if b < a:
+            shown = "missing" if b < 0 else f"{b:g}"
+            raise ValueError(
+                f"{name} went backwards within one incarnation ({a:g} -> {shown}); every count and time is "
+                "cumulative, and a restarted process needs a new incarnation"
+            )

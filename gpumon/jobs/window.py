@@ -1,0 +1,122 @@
+"""Sliding-window rates over a rank's report points: tokens/s, samples/s, step time, phase shares.
+
+Rates are measured between two *progress* points — the times of the step() (or request()) calls that
+last changed the totals, as the training process itself timed them — so transport delays and the report
+interval do not bend them. The anchor (the first step of the incarnation) is a point too, so a run shorter
+than the window is measured from its first step to its last, exactly as the training loop would measure
+itself.
+
+A rank stops "progressing" once no step has landed for STALL_STEPS mean step times (at least STALL_FLOOR
+seconds); its rates are then 0, so a stuck job does not keep showing its old speed for a whole window.
+Ages are measured on the training process's own clock (the report's ``time`` plus the time since it arrived),
+so a wall-clock step on either side cannot freeze a rank as progressing or idle.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from gpumon.jobs.store import Point, RankView
+
+STALL_STEPS = 4.0
+STALL_FLOOR = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class Span:
+    """The two progress points a rate was measured between."""
+
+    start: float
+    end: float
+    steps: float
+    tokens: float
+    samples: float
+    requests: float
+
+    @property
+    def seconds(self) -> float:
+        return self.end - self.start
+
+
+@dataclass(frozen=True, slots=True)
+class Rates:
+    progressing: bool  # a step or request landed inside the window
+    span: Span | None  # None: fewer than two progress points (a rate is not yet measurable)
+    tokens_per_second: float | None = None
+    samples_per_second: float | None = None
+    steps_per_second: float | None = None
+    requests_per_second: float | None = None
+    step_time_seconds: float | None = None
+    phase_ratios: dict[str, float] = field(default_factory=dict)
+
+
+def measure(view: RankView, now: float, window: float) -> Rates:
+    """``now`` on the daemon's clock; everything else on the rank's."""
+    clock = view.report.time + max(0.0, now - view.received)
+    horizon = clock - window
+    progress = [p for p in ((view.anchor,) if view.anchor else ()) + view.points if p.updated is not None]
+    span = _span(progress, horizon)
+    step_time, ratios = _phases(view.points, horizon)
+    last = max((p.updated or 0.0 for p in progress), default=None)
+    stall_after = max(STALL_FLOOR, STALL_STEPS * (step_time or 0.0))
+    progressing = last is not None and clock - last <= stall_after
+    if span is None:
+        return Rates(progressing, None, step_time_seconds=step_time, phase_ratios=ratios)
+    if not progressing:
+        return Rates(False, span, 0.0, 0.0, 0.0, 0.0, step_time, ratios)
+    s = span.seconds
+    return Rates(
+        True,
+        span,
+        span.tokens / s,
+        span.samples / s,
+        span.steps / s,
+        span.requests / s,
+        step_time,
+        ratios,
+    )
+
+
+def _span(progress: Sequence[Point], horizon: float) -> Span | None:
+    if not progress:
+        return None
+    newest = max(progress, key=lambda p: p.updated or 0.0)
+    end = newest.updated or 0.0
+    older = [p for p in progress if p.updated is not None and p.updated < end]
+    if not older:
+        return None
+    inside = [p for p in older if (p.updated or 0.0) >= horizon]
+    # the oldest point in the window; if the newest is the only one in it (a step longer than the window,
+    # say), the last one before it
+    base = (
+        min(inside, key=lambda p: p.updated or 0.0) if inside else max(older, key=lambda p: p.updated or 0.0)
+    )
+    start = base.updated or 0.0
+    return Span(
+        start,
+        end,
+        newest.steps - base.steps,
+        newest.tokens - base.tokens,
+        newest.samples - base.samples,
+        newest.requests - base.requests,
+    )
+
+
+def _phases(points: Sequence[Point], horizon: float) -> tuple[float | None, dict[str, float]]:
+    """Mean step time and each phase's share of wall time, between report points in the window."""
+    if len(points) < 2:
+        return None, {}
+    newest = points[-1]
+    inside = [p for p in points[:-1] if p.reported >= horizon]
+    base = inside[0] if inside else points[-2]
+    elapsed = newest.reported - base.reported
+    steps = newest.step_count - base.step_count
+    step_time = (newest.step_sum - base.step_sum) / steps if steps > 0 else None
+    if elapsed <= 0:
+        return step_time, {}
+    ratios = {
+        name: min(1.0, max(0.0, (seconds - base.phases.get(name, 0.0)) / elapsed))
+        for name, seconds in newest.phases.items()
+    }
+    return step_time, ratios

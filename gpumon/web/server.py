@@ -1,0 +1,170 @@
+"""HTTP: /metrics, /healthz, /readyz, /v1/gpus, /v1/report, /v1/jobs, /v1/history, /v1/baselines, a landing
+page; one uvicorn worker."""
+
+from __future__ import annotations
+
+import gzip
+import html
+import re
+from collections.abc import Callable
+
+from fastapi import FastAPI, Request, Response
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
+from prometheus_client import CollectorRegistry, ProcessCollector
+from prometheus_client.exposition import choose_encoder
+
+from gpumon import __version__
+from gpumon.gpu.collector import SnapshotCollector
+from gpumon.gpu.compat_dcgm import DcgmCompatCollector
+from gpumon.gpu.snapshot import Snapshot, snapshot_json
+from gpumon.jobs.api import Ingest, Reason
+from gpumon.jobs.api import router as training_router
+from gpumon.jobs.service import Training
+from gpumon.web.exposition import Renderer
+from gpumon.web.guard import Access, Guard
+
+TEXT_0_0_4 = "text/plain; version=0.0.4; charset=utf-8"
+_ESCAPING = re.compile(r"escaping=([\w-]+)")
+GZIP_LEVEL = 1  # exposition text compresses ~10x even at level 1; higher levels cost CPU for a few percent
+
+
+def build_registry(
+    source: Callable[[], Snapshot | None],
+    *,
+    owner_labels: bool = False,
+    compat: str | None = None,
+    training: Training | None = None,
+    node: str | None = None,
+) -> CollectorRegistry:
+    registry = CollectorRegistry()
+    registry.register(SnapshotCollector(source, owner_labels=owner_labels, node=node))
+    if training is not None:
+        registry.register(training.collector())
+    if compat == "dcgm":  # dcgm-exporter's names beside ours, for dashboards built on them
+        registry.register(DcgmCompatCollector(source, node))
+    ProcessCollector(registry=registry)
+    return registry
+
+
+def negotiate(accept: str) -> str:
+    """The content type prometheus_client's negotiation picks (the renderer writes every one of them), except
+    that an unparseable Accept header (a bad version, say) gets the plain text format instead of an error: a
+    scraper with an odd header still gets metrics."""
+    try:
+        return choose_encoder(accept)[1]
+    except Exception:  # prometheus_client raises TypeError/ValueError on versions it cannot parse
+        return TEXT_0_0_4
+
+
+def dots_escaping(content_type: str) -> bool:
+    """Whether the negotiated format asks for dots name escaping. Every gpumon name is a legacy (pre-UTF-8)
+    name, which the underscores, allow-utf-8 and values schemes all leave as it is; only dots changes it.
+    The renderer writes every scheme: prometheus_client 0.26 breaks two of them, writing U__-prefixed
+    sample names under unprefixed HELP and TYPE lines (OpenMetrics, values) and escaping the _bucket, _sum
+    and _count suffixes out of their histogram (dots); promtool rejects both."""
+    m = _ESCAPING.search(content_type)
+    return m is not None and m.group(1) == "dots"
+
+
+def create_app(
+    source: Callable[[], Snapshot | None],
+    alive: Callable[[], bool],
+    *,
+    backend: str,
+    owner_labels: bool = False,
+    compat: str | None = None,
+    training: Training | None = None,
+    node: str | None = None,
+    guard: Guard | None = None,
+) -> FastAPI:
+    registry = build_registry(source, owner_labels=owner_labels, compat=compat, training=training, node=node)
+    app = FastAPI(title="gpumon", version=__version__, docs_url=None, redoc_url=None)
+    if training is not None:
+        app.include_router(training_router(training.analysis, training.library, training.history))
+        app.add_middleware(Ingest, analysis=training.analysis, stats=training.stats, policy=training.policy)
+    if guard is not None:  # added last, so outermost: nothing is answered before it has looked
+        app.add_middleware(Access, guard=guard)
+
+    renderer = Renderer()
+
+    # async: the exposition is formatted on the event loop, start to finish, instead of in a worker thread
+    # that trades the interpreter lock with the loop every millisecond while SDK reports arrive; under
+    # 2,000 reports/s that halved scrape latency (docs/performance.md). Nothing here waits or calls NVML.
+    @app.get(
+        "/metrics",
+        summary="Prometheus exposition (text 0.0.4 or OpenMetrics by Accept; gzip)",
+        response_class=PlainTextResponse,
+        responses={200: {"content": {"application/openmetrics-text": {}}}},
+    )
+    async def metrics(request: Request) -> Response:
+        content_type = negotiate(request.headers.get("accept", ""))
+        names = request.query_params.getlist("name[]")
+        source = registry.restricted_registry(names) if names else registry
+        om = content_type.startswith("application/openmetrics")
+        body = renderer.render(source.collect(), openmetrics_format=om, dots=dots_escaping(content_type))
+        headers = {"Content-Type": content_type}
+        if "gzip" in request.headers.get("accept-encoding", ""):
+            body = gzip.compress(body, compresslevel=GZIP_LEVEL)
+            headers["Content-Encoding"] = "gzip"
+        return Response(body, headers=headers)
+
+    @app.get(
+        "/healthz",
+        response_class=PlainTextResponse,
+        summary="Liveness: the sampler is running",
+        responses={503: {"description": "The sampler stalled", "content": {"text/plain": {}}}},
+    )
+    def healthz() -> Response:
+        if alive():
+            return PlainTextResponse("ok\n")
+        return PlainTextResponse("sampler stalled: no sweep completed recently\n", status_code=503)
+
+    @app.get(
+        "/readyz",
+        response_class=PlainTextResponse,
+        summary="Readiness: the first sample exists",
+        responses={503: {"description": "No sample yet", "content": {"text/plain": {}}}},
+    )
+    def readyz() -> Response:
+        if source() is None:
+            return PlainTextResponse("not ready: waiting for the first sample\n", status_code=503)
+        return PlainTextResponse("ready\n")
+
+    @app.get(
+        "/v1/gpus",
+        summary="The latest snapshot as JSON: readings in base units, health, capabilities",
+        responses={503: {"model": Reason, "description": "No sample yet"}},
+    )
+    def gpus() -> Response:
+        snap = source()
+        if snap is None:
+            return JSONResponse({"detail": "not ready: waiting for the first sample"}, status_code=503)
+        return JSONResponse(snapshot_json(snap))
+
+    @app.get("/", response_class=HTMLResponse, include_in_schema=False)
+    def index() -> Response:
+        return HTMLResponse(_landing(backend, jobs=training is not None))
+
+    return app
+
+
+def _landing(backend: str, *, jobs: bool) -> str:
+    banner = ""
+    if backend == "sim":
+        banner = (
+            '<p style="background:#fde68a;padding:.5em"><b>Simulated GPUs.</b> These numbers come from '
+            'gpumon\'s simulator, not from hardware (gpumon_build_info{backend="sim"}).</p>'
+        )
+    pages = [("/metrics", "Prometheus metrics"), ("/v1/gpus", "latest snapshot as JSON")]
+    if jobs:
+        pages += [
+            ("/v1/jobs", "training and inference jobs reporting to this node, with their diagnosis"),
+            ("/v1/baselines", "the baseline library as this daemon last read it"),
+        ]
+    pages += [("/healthz", "liveness"), ("/readyz", "readiness")]
+    links = "".join(f'<li><a href="{path}">{path}</a>: {html.escape(text)}</li>' for path, text in pages)
+    return (
+        f"<!doctype html><html><head><title>gpumon</title></head><body><h1>gpumon {__version__}</h1>"
+        f"{banner}<p>GPU monitoring daemon and Prometheus exporter (backend: {html.escape(backend)}).</p>"
+        f"<ul>{links}</ul></body></html>"
+    )

@@ -1,0 +1,191 @@
+"""The gpumon command as a user runs it: a real subprocess, its exit code, stdout and stderr."""
+
+from __future__ import annotations
+
+import json
+import socket
+
+import pynvml
+import pytest
+from support.helpers import run_gpumon
+
+from gpumon import __version__
+
+
+def nvml_present() -> bool:
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        return False
+    pynvml.nvmlShutdown()  # pragma: no cover (a GPU machine)
+    return True  # pragma: no cover
+
+
+def one_line_error(result, code: int = 2) -> str:
+    assert result.returncode == code, result.stderr
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    return lines[0]
+
+
+@pytest.mark.parametrize("command", [[], ["serve"], ["snapshot"], ["doctor"]])
+def test_help_everywhere(command) -> None:
+    result = run_gpumon(*command, "--help")
+    assert result.returncode == 0 and "usage: gpumon" in result.stdout
+
+
+def test_version() -> None:
+    assert run_gpumon("--version").stdout.strip() == f"gpumon {__version__}"
+
+
+def test_no_command_is_a_one_line_error() -> None:
+    assert "choose a command: serve, snapshot, doctor" in one_line_error(run_gpumon())
+
+
+def test_unknown_flag_points_at_the_commands_help() -> None:
+    line = one_line_error(run_gpumon("serve", "--bogus"))
+    assert line == "gpumon serve: error: unrecognized arguments: --bogus (see gpumon serve --help)"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["serve", "--interval", "soon"], "interval: expected a duration"),
+        (["snapshot", "--simulate", "8xH999"], "unknown GPU model"),
+        (
+            ["serve", "--config", "/nonexistent/gpumon.toml"],
+            "cannot read config file /nonexistent/gpumon.toml",
+        ),
+        (["serve", "--backend", "cuda"], "invalid choice"),
+        (["doctor", "--sim-fault", "lost:1"], "needs simulated GPUs"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(args, message) -> None:
+    assert message in one_line_error(run_gpumon(*args))
+
+
+def test_bad_env_is_reported_like_a_bad_flag() -> None:
+    line = one_line_error(run_gpumon("snapshot", env={"GPUMON_BACKEND": "cuda"}))
+    assert "backend: expected one of auto, nvml, sim" in line
+
+
+@pytest.mark.skipif(nvml_present(), reason="an NVIDIA driver is present here")
+@pytest.mark.parametrize("command", ["serve", "snapshot", "doctor"])
+def test_without_a_driver_auto_explains_how_to_simulate(command) -> None:
+    line = (
+        one_line_error(run_gpumon(command, "--listen", "127.0.0.1:0"), code=1)
+        if command == "serve"
+        else (one_line_error(run_gpumon(command), code=1))
+    )
+    assert "no usable NVIDIA driver" in line
+    assert f"gpumon {command} --simulate 8xH100-SXM" in line and "--simulate-if-no-gpu" in line
+
+
+@pytest.mark.skipif(nvml_present(), reason="an NVIDIA driver is present here")
+def test_simulate_if_no_gpu_falls_back_loudly() -> None:
+    result = run_gpumon("snapshot", "--simulate-if-no-gpu", "2xL4")
+    assert result.returncode == 0, result.stderr
+    assert "serving SIMULATED GPUs (2xL4)" in result.stderr
+    assert "SIMULATED" in result.stdout and result.stdout.count("NVIDIA L4") == 2
+
+
+def test_busy_port_is_a_clear_error() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        line = one_line_error(
+            run_gpumon("serve", "--simulate", "1xL4", "--listen", f"127.0.0.1:{port}"), code=1
+        )
+    assert f"cannot listen on 127.0.0.1:{port}" in line and "--listen" in line
+
+
+def test_snapshot_table() -> None:
+    result = run_gpumon("snapshot", "--simulate", "4xH100-SXM,1xA100")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("backend sim (SIMULATED GPUs) · driver 570.133.20 · CUDA 12.8 · 5 GPU(s)")
+    assert lines[2].split()[:2] == ["GPU", "NAME"]
+    rows = [ln for ln in lines if ln[:1].isdigit()]
+    assert len(rows) == 5 and "NVIDIA A100-SXM4-80GB" in rows[4] and "MB/s" in rows[4]
+    assert any(ln.startswith("host:") for ln in lines)
+    assert result.stderr == ""  # capability notes are info-level: quiet unless asked
+
+
+def test_snapshot_json_is_the_v1_gpus_document() -> None:
+    result = run_gpumon("snapshot", "--json", "--simulate", "2xH200", "--seed", "4")
+    doc = json.loads(result.stdout)
+    assert doc["simulated"] is True and len(doc["gpus"]) == 2
+    gpu = doc["gpus"][0]
+    assert gpu["name"] == "NVIDIA H200" and gpu["up"] is True
+    assert gpu["reading"]["memory_total_bytes"] == 143771 * 2**20
+    assert gpu["capabilities"]["fan"] == "not_supported"
+
+
+def test_snapshot_shows_a_down_gpu() -> None:
+    result = run_gpumon("snapshot", "--simulate", "2xH100-SXM", "--sim-fault", "lost:1@0.0+60")
+    assert result.returncode == 0, result.stderr
+    row = [ln for ln in result.stdout.splitlines() if ln.startswith("1 ")]
+    assert row == [] or "DOWN" in row[0]  # lost before identification: absent, and counted by NVML
+    doc = json.loads(
+        run_gpumon("snapshot", "--json", "--simulate", "2xH100-SXM", "--sim-fault", "lost:1").stdout
+    )
+    assert doc["device_count"] == 2 and len(doc["gpus"]) == 1
+
+
+def test_doctor_reports_capabilities_and_advice() -> None:
+    result = run_gpumon("doctor", "--simulate", "1xH100-SXM,1xA100,1xRTX-A6000")
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "backend:        sim (SIMULATED GPUs)" in out
+    assert "3 counted by NVML, 3 identified" in out
+    fan = next(ln for ln in out.splitlines() if ln.startswith("fan "))
+    assert fan.split()[1:] == ["-", "-", "yes"]
+    pcie = next(ln for ln in out.splitlines() if ln.startswith("pcie_bytes "))
+    assert pcie.split()[1:] == ["yes", "-", "-"]
+    words = " ".join(out.split())  # advice is wrapped at 100 columns
+    assert (
+        "falls back to nvmlDeviceGetPcieThroughput" in words
+        and "ECC counters are unavailable on GPU 2" in words
+    )
+
+
+def test_doctor_json() -> None:
+    doc = json.loads(run_gpumon("doctor", "--json", "--simulate", "2xL4").stdout)
+    assert doc["simulated"] is True and doc["identified"] == 2
+    assert doc["gpus"][0]["capabilities"]["memory_temperature"] == "not_supported"
+    assert any("simulated" in a for a in doc["advice"])
+
+
+def test_doctor_reports_events_gpm_dcgm_and_mig() -> None:
+    result = run_gpumon("doctor", "--simulate", "1xH100-SXM,1xL4")
+    assert result.returncode == 0, result.stderr
+    lines = {
+        ln.split(":", 1)[0]: ln.split(":", 1)[1].strip() for ln in result.stdout.splitlines() if ":" in ln
+    }
+    assert lines["events"] == "watching 2 of 2 GPU(s)"
+    assert lines["profiling"] == "NVML GPM on GPU(s) 0"
+    assert lines["mig"] == "GPU 0 disabled; GPU 1 not supported"
+    gpm = next(ln for ln in result.stdout.splitlines() if ln.startswith("gpm "))
+    assert gpm.split()[1:] == ["yes", "-"]
+    off = json.loads(
+        run_gpumon("doctor", "--json", "--simulate", "1xH100-SXM", "--no-events", "--profiling", "off").stdout
+    )
+    assert off["telemetry"]["events"] == "off (--no-events)"
+    assert off["telemetry"]["profiling"] == "off (--profiling off)"
+    assert "gpm" not in off["gpus"][0]["capabilities"]
+
+
+def test_a_config_file_with_wrong_types_is_one_line_not_a_traceback(tmp_path) -> None:
+    cfg = tmp_path / "gpumon.toml"
+    cfg.write_text("interval = [1]\n")
+    assert "interval: expected a duration" in one_line_error(run_gpumon("serve", "--config", str(cfg)))
+
+
+def test_no_processes_and_no_profiling_leave_those_readings_out() -> None:
+    args = ("snapshot", "--json", "--simulate", "1xH100-SXM")
+    on = json.loads(run_gpumon(*args).stdout)["gpus"][0]["reading"]
+    off = json.loads(run_gpumon(*args, "--no-processes", "--profiling", "off").stdout)["gpus"][0]["reading"]
+    assert on["processes"] is not None and len(on["processes"]) == 1
+    assert off["processes"] is None and off["profiling"] is None

@@ -1,0 +1,54 @@
+"""End to end: a real PyTorch training script reports through the SDK to a real daemon with simulated GPUs,
+and what /metrics and /v1/jobs expose matches what the script measured itself."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from support.helpers import ROOT, require_module
+
+H100_FP32 = 67e12  # the simulated GPU 0 is an H100 SXM; the script trains in fp32
+
+
+def value(text: str, name: str, job: str) -> float:
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if s.name == name and s.labels.get("job_name") == job:
+                return s.value
+    raise AssertionError(f"{name} for {job} not served")
+
+
+def test_train_tiny_against_the_daemon_matches_the_script_within_one_percent(daemon, tmp_path) -> None:
+    require_module("torch")
+    d = daemon("--simulate", "2xH100-SXM", "--interval", "500ms", "--rate-window", "10m")
+    out = tmp_path / "results.json"
+    cmd = [
+        sys.executable, str(ROOT / "examples" / "train_tiny.py"),
+        "--steps", "60", "--batch", "4", "--seq", "16", "--job", "tiny-e2e", "--url", d.url,
+        "--device", "0", "--peak-flops", str(H100_FP32), "--report-interval", "0.2", "--out", str(out),
+    ]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    mine = json.loads(out.read_text())
+
+    metrics = d.get("/metrics").text
+    assert value(metrics, "gpumon_training_steps_total", "tiny-e2e") == mine["steps"] == 60
+    assert value(metrics, "gpumon_training_tokens_total", "tiny-e2e") == mine["tokens"]
+    served_tps = value(metrics, "gpumon_training_tokens_per_second", "tiny-e2e")
+    served_mfu = value(metrics, "gpumon_training_mfu_ratio", "tiny-e2e")
+    assert served_tps == pytest.approx(mine["tokens_per_second"], rel=0.01)
+    assert served_mfu == pytest.approx(mine["mfu"], rel=0.01)
+    assert value(metrics, "gpumon_training_peak_flops_per_second", "tiny-e2e") == H100_FP32
+
+    job = d.get("/v1/jobs/tiny-e2e").json()
+    (rank,) = job["ranks"]
+    assert rank["final"] is True and rank["gpus"][0]["name"] == "NVIDIA H100 80GB HBM3"
+    assert rank["flops_per_token"] == mine["flops_per_token"]
+    assert set(rank["rates"]["phase_ratios"]) >= {"data_wait", "forward_backward", "optimizer"}
+    assert job["diagnosis"]["bottleneck"] and job["diagnosis"]["evidence"]

@@ -1,0 +1,260 @@
+"""Ingest and job endpoints of a real daemon over loopback HTTP and a unix socket."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from support.helpers import require_tool
+from support.reports import now_report, report
+
+from gpumon.client import protocol as P
+from gpumon.jobs.api import is_local
+from gpumon.web.listen import UNIX_SOCKET_SCOPE_KEY
+
+TOKEN = "s3cret-token-0123456789"
+
+
+@pytest.fixture
+def node(daemon):
+    return daemon("--simulate", "2xH100-SXM", "--interval", "200ms", "--max-jobs", "2", "--max-ranks", "3")
+
+
+def post(d, body, **kw) -> httpx.Response:
+    content = body if isinstance(body, bytes) else json.dumps(body).encode()
+    headers = {"Content-Type": "application/json", **kw.pop("headers", {})}
+    return d.client.post(P.PATH, content=content, headers=headers, **kw)
+
+
+def samples(text: str, name: str) -> dict[tuple, float]:
+    out = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if s.name == name:
+                out[tuple(sorted(s.labels.items()))] = s.value
+    return out
+
+
+def test_a_report_shows_up_in_metrics_and_in_the_jobs_api(node) -> None:
+    assert post(node, now_report(100, flops_per_token=6e9)).status_code == 204
+    metrics = node.get("/metrics").text
+    tokens = samples(metrics, "gpumon_training_tokens_total")
+    assert tokens == {(("job_name", "llm"), ("rank", "0")): 100_000}
+    (mfu,) = samples(metrics, "gpumon_training_mfu_ratio").values()
+    assert mfu == pytest.approx(99_000 / 9.9 * 6e9 / 989.5e12, rel=1e-6)
+    jobs = node.get("/v1/jobs").json()
+    assert [j["job"] for j in jobs["jobs"]] == ["llm"] and jobs["jobs"][0]["bottleneck"]
+    one = node.get("/v1/jobs/llm").json()
+    assert one["ranks"][0]["gpus"][0]["name"] == "NVIDIA H100 80GB HBM3"
+    assert node.get("/v1/jobs/nope").status_code == 404
+    outcomes = samples(metrics, "gpumon_ingest_reports_total")
+    assert outcomes[(("outcome", "accepted"),)] == 1 and outcomes[(("outcome", "invalid"),)] == 0
+
+
+def test_bad_reports_get_a_4xx_with_a_reason_and_change_nothing(node) -> None:
+    bad = now_report(5)
+    bad["rank"] = -1
+    r = post(node, bad)
+    assert r.status_code == 422 and "rank: must be between" in r.json()["detail"]
+    r = post(node, b"{not json")
+    assert r.status_code == 400 and "not JSON" in r.json()["detail"]
+    r = post(node, b"[" * 100_000)
+    assert r.status_code == 413
+    r = post(node, b"[" * 30_000 + b"]" * 30_000)
+    assert r.status_code in (400, 422)
+    r = post(node, b"x" * (P.MAX_BODY_BYTES + 1))
+    assert r.status_code == 413 and "larger than" in r.json()["detail"]
+    assert "gpumon_training_tokens_total" not in node.get("/metrics").text
+    assert node.get("/readyz").status_code == 200
+
+
+def test_the_cardinality_guard_answers_429_and_names_the_limit(node) -> None:
+    assert post(node, now_report(1, job="a")).status_code == 204
+    assert post(node, now_report(1, job="b")).status_code == 204
+    r = post(node, now_report(1, job="c"))
+    assert r.status_code == 429 and "--max-jobs" in r.json()["detail"]
+    assert post(node, now_report(1, job="a", rank=1, world_size=2)).status_code == 204
+    r = post(node, now_report(1, job="b", rank=1, world_size=2))
+    assert r.status_code == 429 and "--max-ranks" in r.json()["detail"]
+    outcomes = samples(node.get("/metrics").text, "gpumon_ingest_reports_total")
+    assert outcomes[(("outcome", "job_limit"),)] == 1 and outcomes[(("outcome", "rank_limit"),)] == 1
+
+
+def test_a_duplicate_report_is_acknowledged_and_counted_once(node) -> None:
+    report = now_report(10)
+    assert post(node, report).status_code == 204
+    assert post(node, report).status_code == 204
+    metrics = node.get("/metrics").text
+    assert samples(metrics, "gpumon_training_steps_total") == {(("job_name", "llm"), ("rank", "0")): 10}
+    assert samples(metrics, "gpumon_ingest_reports_total")[(("outcome", "duplicate"),)] == 1
+
+
+def test_a_token_is_required_when_configured(daemon) -> None:
+    d = daemon("--simulate", "1xH100-SXM", "--ingest-token", TOKEN)
+    r = post(d, now_report(1))
+    assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer"
+    assert post(d, now_report(1), headers={"Authorization": "Bearer wrong"}).status_code == 401
+    assert post(d, now_report(1), headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 204
+
+
+def test_silent_ranks_expire_and_their_series_go(daemon) -> None:
+    d = daemon("--simulate", "1xH100-SXM", "--rank-ttl", "1s")
+    assert post(d, now_report(5)).status_code == 204
+    assert "gpumon_training_tokens_total{" in d.get("/metrics").text
+    time.sleep(1.3)
+    text = d.get("/metrics").text
+    assert "gpumon_training_tokens_total{" not in text and "gpumon_training_rank_info{" not in text
+    assert samples(text, "gpumon_ingest_expired_ranks_total") == {(): 1}
+    assert d.get("/v1/jobs").json()["jobs"] == []
+
+
+def test_reports_over_the_unix_socket(daemon) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = str(Path(tmp) / "ingest.sock")
+        d = daemon("--simulate", "1xH100-SXM", "--ingest-socket", path)
+        with httpx.Client(transport=httpx.HTTPTransport(uds=path), base_url="http://gpumon") as c:
+            r = c.post(P.PATH, content=json.dumps(now_report(7)).encode())
+            assert r.status_code == 204, r.text
+        assert samples(d.get("/metrics").text, "gpumon_training_steps_total")
+        from support.helpers import run_gpumon
+
+        out = run_gpumon("diagnose", "--job", "llm", env={"GPUMON_URL": f"unix://{path}"})
+        assert out.returncode == 0 and "Job llm" in out.stdout, (
+            out.stderr
+        )  # the CLI finds it where the SDK does
+        assert d.stop() == 0
+        assert not Path(path).exists(), "the socket file is removed at shutdown"
+
+
+def test_ingest_can_be_turned_off(daemon) -> None:
+    d = daemon("--simulate", "1xH100-SXM", "--no-ingest")
+    assert post(d, now_report(1)).status_code in (404, 405)
+    assert d.get("/v1/jobs").status_code == 404
+
+
+@pytest.mark.parametrize(
+    ("client", "local"),
+    [
+        (None, False),  # a TCP request whose peer reset the connection: uvicorn knows no address
+        (("", 0), False),
+        (("127.0.0.1", 5), True),
+        (("127.8.9.1", 5), True),
+        (("::1", 5), True),
+        (("::ffff:127.0.0.1", 5), True),
+        (("10.0.0.7", 5), False),
+        (("::ffff:10.0.0.7", 5), False),
+        (("testclient", 5), False),
+        (("localhost", 5), False),  # a peer is an address, never a name
+    ],
+)
+def test_only_loopback_and_the_unix_socket_are_local(client, local) -> None:
+    assert is_local({"type": "http", "client": client}) is local
+    assert is_local({"type": "http", "client": client, UNIX_SOCKET_SCOPE_KEY: True})
+
+
+def test_promtool_accepts_the_exposition_with_training_series(node) -> None:
+    promtool = require_tool("promtool")
+    post(node, now_report(100, phases={"data_wait": 1.0, "communication": 2.0}))
+    inference = now_report(50, job="serve", kind="inference")
+    inference["request_seconds"] = inference["step_seconds"]
+    inference["totals"]["requests"] = 50
+    post(node, inference)
+    body = node.get("/metrics").text
+    assert "gpumon_training_step_duration_seconds_bucket" in body
+    check = subprocess.run([promtool, "check", "metrics"], input=body, capture_output=True, text=True)
+    assert check.returncode == 0 and check.stdout + check.stderr == "", check.stdout + check.stderr
+
+
+def _outside_address() -> str | None:
+    """This machine's address on a non-loopback interface, as another host would reach it."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("192.0.2.1", 9))  # no packet is sent: this only picks the outgoing interface
+            addr = s.getsockname()[0]
+        except OSError:
+            return None
+    return None if addr.startswith("127.") else addr
+
+
+def test_reports_from_another_host_are_refused_unless_allowed(daemon) -> None:
+    addr = _outside_address()
+    if addr is None:
+        pytest.skip("this machine has no non-loopback IPv4 address to connect from")
+    d = daemon("--simulate", "1xH100-SXM", "--listen", "0.0.0.0:0")
+    port = d.url.rsplit(":", 1)[1]
+    body = json.dumps(now_report(1)).encode()
+    r = httpx.post(f"http://{addr}:{port}{P.PATH}", content=body, timeout=10)
+    assert r.status_code == 403 and "--ingest-allow-remote" in r.json()["detail"]
+    assert httpx.get(f"http://{addr}:{port}/metrics", timeout=10).status_code == 200, "scrapes stay open"
+    d2 = daemon("--simulate", "1xH100-SXM", "--listen", "0.0.0.0:0", "--ingest-allow-remote")
+    port2 = d2.url.rsplit(":", 1)[1]
+    assert httpx.post(f"http://{addr}:{port2}{P.PATH}", content=body, timeout=10).status_code == 204
+
+
+def test_gpumon_diagnose_explains_the_verdict_with_numbers(node) -> None:
+    from support.helpers import run_gpumon
+
+    t = time.time()
+    waits = [
+        now_report(10, t=t - 1, seq=1, phases={"data_wait": 0.0}),
+        now_report(20, t=t, seq=2, phases={"data_wait": 0.6}),
+    ]
+    for r in waits:
+        assert post(node, r).status_code == 204
+    out = run_gpumon("diagnose", "--url", node.url, "--job", "llm")
+    assert out.returncode == 0, out.stderr
+    assert "Job llm: 1 rank(s) on this node" in out.stdout
+    assert "data_wait_share" in out.stdout and "60.0 %" in out.stdout and "Advice:" in out.stdout
+    assert "rank 0 on GPU 0 NVIDIA H100 80GB HBM3" in out.stdout
+    everything = run_gpumon("diagnose", "--url", node.url, "--json")
+    (job,) = json.loads(everything.stdout)
+    assert job["ranks"][0]["rates"]["phase_ratios"]["data_wait"] == pytest.approx(0.6)
+    missing = run_gpumon("diagnose", "--url", node.url, "--job", "nope")
+    assert missing.returncode == 1 and "no job 'nope'" in missing.stderr and "Traceback" not in missing.stderr
+    down = run_gpumon("diagnose", "--url", "http://127.0.0.1:1")
+    assert down.returncode == 1 and down.stderr.count("\n") == 1 and "cannot reach" in down.stderr
+    bad = run_gpumon("diagnose", "--url", "ftp://x")
+    assert bad.returncode == 2 and "--url" in bad.stderr
+
+
+def test_two_processes_reporting_as_one_rank_get_409_naming_both(node) -> None:
+    now = time.time()
+    first = report(5, incarnation="first", pid=100, started=now - 30)
+    second = report(5, incarnation="second", pid=200, started=now - 20)
+    assert post(node, first).status_code == 204
+    assert post(node, second).status_code == 204
+    again = report(9, incarnation="first", pid=100, started=now - 30, t=now)
+    r = post(node, again)
+    assert r.status_code == 409 and "pid 200" in r.json()["detail"]
+    assert node.client.get(P.PATH).status_code == 405
+    outcomes = samples(node.get("/metrics").text, "gpumon_ingest_reports_total")
+    assert outcomes[(("outcome", "conflict"),)] == 1 and outcomes[(("outcome", "invalid"),)] == 1
+
+
+def test_gpumon_estimate_compares_with_what_a_running_job_uses(node) -> None:
+    from support.helpers import run_gpumon
+
+    assert post(node, now_report(10)).status_code == 204
+    out = run_gpumon("estimate", "--model", "llama3-8b", "--batch", "1", "--job", "llm", "--url", node.url)
+    assert out.returncode == 0, out.stderr
+    assert "job llm" in out.stdout and "USED/ESTIMATED" in out.stdout, out.stdout
+    as_json = run_gpumon(
+        "estimate", "--model", "llama3-8b", "--batch", "1", "--job", "llm", "--url", node.url, "--json"
+    )
+    doc = json.loads(as_json.stdout)
+    assert doc["job"]["ranks"][0]["actual_bytes"] > 0, doc["job"]
+
+
+def test_training_series_can_be_selected_by_name(node) -> None:
+    assert post(node, now_report(10)).status_code == 204
+    r = node.get("/metrics", params={"name[]": ["gpumon_training_tokens_total", "gpumon_gpu_up"]})
+    names = {f.name for f in text_string_to_metric_families(r.text)}
+    assert names == {"gpumon_training_tokens", "gpumon_gpu_up"}

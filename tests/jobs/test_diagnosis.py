@@ -1,0 +1,118 @@
+"""The bottleneck flow: each verdict from the signals that should produce it, with its evidence."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpumon.jobs.diagnosis import (
+    ADVICE,
+    BOTTLENECKS,
+    Signals,
+    Thresholds,
+    diagnose,
+    parse_thresholds,
+    straggler_scores,
+)
+
+T = Thresholds()
+BUSY = {"utilization": 0.98, "sm_active": 0.9, "tensor_active": 0.6, "dram_active": 0.3}
+
+
+@pytest.mark.parametrize(
+    ("signals", "verdict"),
+    [
+        (Signals(progressing=True, gpu_down="GPU 3: GpuIsLost", **BUSY), "gpu_down"),
+        (Signals(progressing=False, utilization=0.0), "idle"),
+        (Signals(progressing=None), "idle"),
+        (Signals(progressing=False, utilization=1.0), "stalled"),
+        (Signals(progressing=True, utilization=0.4, data_wait_share=0.35), "input"),
+        (Signals(progressing=True, data_wait_share=0.35), "input"),  # no GPU data: the share decides
+        (Signals(progressing=True, utilization=0.6, communication_share=0.45), "communication"),
+        (Signals(progressing=True, nvlink_utilization=0.85, sm_active=0.3, utilization=0.9), "communication"),
+        (Signals(progressing=True, pcie_utilization=0.9, utilization=0.4), "communication"),
+        (Signals(progressing=True, throttled_share=0.8, **BUSY), "throttled"),
+        (Signals(progressing=True, memory_used_ratio=0.95, utilization=0.8), "memory_capacity"),
+        (Signals(progressing=True, utilization=0.95, dram_active=0.8, tensor_active=0.1), "memory_bandwidth"),
+        (Signals(progressing=True, **BUSY), "compute"),
+        (Signals(progressing=True, utilization=0.95), "compute"),  # without profiling: utilisation
+        (Signals(progressing=True, utilization=0.8), "undetermined"),
+    ],
+)
+def test_each_verdict(signals: Signals, verdict: str) -> None:
+    v = diagnose(signals, T)
+    assert v.bottleneck == verdict
+    assert v.advice == ADVICE[verdict] and v.summary
+
+
+def test_input_needs_an_idle_gpu_not_just_a_data_wait_share() -> None:
+    v = diagnose(Signals(progressing=True, data_wait_share=0.2, **BUSY), T)
+    assert v.bottleneck == "compute" and "input" not in v.findings
+
+
+def test_memory_pressure_under_a_compute_bound_job_is_a_finding_not_the_verdict() -> None:
+    v = diagnose(Signals(progressing=True, memory_used_ratio=0.97, **BUSY), T)
+    assert v.bottleneck == "compute" and "memory_capacity" in v.findings
+
+
+def test_evidence_gives_every_signal_its_value_threshold_and_outcome() -> None:
+    v = diagnose(Signals(progressing=True, utilization=0.4, data_wait_share=0.35, memory_used_ratio=0.5), T)
+    first = v.evidence[0].json()
+    assert first == {"signal": "data_wait_share", "value": 0.35, "threshold": 0.15, "op": ">=", "met": True}
+    by_signal = {(e.signal, e.threshold): e for e in v.evidence}
+    assert by_signal[("gpu_utilization", 0.7)].met is True
+    assert by_signal[("memory_used_ratio", 0.9)].met is False
+    assert by_signal[("tensor_active", 0.4)].met is None, "an unmeasured signal is unknown, not false"
+    assert "35 %" in v.summary and "40 %" in v.summary
+
+
+def test_thresholds_are_configurable() -> None:
+    s = Signals(progressing=True, utilization=0.5, data_wait_share=0.2)
+    assert diagnose(s, T).bottleneck == "input"
+    assert diagnose(s, parse_thresholds(["data_wait_share=0.25"])).bottleneck == "undetermined"
+
+
+@pytest.mark.parametrize(
+    ("items", "message"),
+    [
+        (["nope=0.1"], "unknown threshold 'nope'"),
+        (["data_wait_share"], "expected NAME=VALUE"),
+        (["data_wait_share=x"], "expected a number between 0 and 1"),
+        (["data_wait_share=1.5"], "expected a number between 0 and 1"),
+    ],
+)
+def test_bad_thresholds_say_what_to_fix(items: list[str], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        parse_thresholds(items)
+
+
+def test_thresholds_from_a_toml_table_and_comma_lists() -> None:
+    assert parse_thresholds({"sm_busy": 0.7}).sm_busy == 0.7
+    t = parse_thresholds(["sm_busy=0.7,tensor_busy=0.5"])
+    assert (t.sm_busy, t.tensor_busy) == (0.7, 0.5)
+
+
+def test_bottleneck_names_are_the_one_hot_label_values() -> None:
+    assert set(ADVICE) == set(BOTTLENECKS)
+
+
+def test_straggler_scores_are_relative_to_the_median() -> None:
+    # busy seconds per step: three at 1.0, one at 2.0 (twice as slow: 0.5), one faster (0)
+    assert straggler_scores([1.0, 1.0, 1.0, 2.0, 0.8]) == [0.0, 0.0, 0.0, 0.5, 0.0]
+    assert straggler_scores([1.0]) == [0.0]
+    assert straggler_scores([1.0, None]) == [0.0, None]
+    assert straggler_scores([1.0, 4.0]) == [0.0, pytest.approx(1 - 2.5 / 4.0)]
+
+
+def test_every_threshold_is_documented_with_its_default() -> None:
+    import dataclasses
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "training.md").read_text()
+    for f in dataclasses.fields(Thresholds):
+        assert f"| `{f.name}` | {f.default:.2f} |" in doc, f"docs/training.md lacks threshold {f.name}"
+
+
+def test_an_mfu_above_one_is_flagged_as_a_reporting_mistake() -> None:
+    v = diagnose(Signals(progressing=True, mfu=1.4, **BUSY), T)
+    assert v.bottleneck == "compute" and "mfu_above_peak" in v.findings
+    assert "mfu_above_peak" not in diagnose(Signals(progressing=True, mfu=0.4, **BUSY), T).findings

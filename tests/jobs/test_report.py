@@ -1,0 +1,132 @@
+"""Ingest validation: every field of the wire protocol, with a message that names what to fix."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from support.reports import report
+
+from gpumon.client import protocol as P
+from gpumon.jobs.report import InvalidReport, parse
+
+
+def test_a_report_as_the_sdk_sends_it_parses() -> None:
+    r = parse(report(10, phases={"data_wait": 1.5}))
+    assert (r.job, r.rank, r.world_size, r.kind, r.dtype) == ("llm", 0, 1, "train", "bf16")
+    assert r.totals.tokens == 10_000 and r.anchor is not None and r.anchor.tokens == 1000
+    assert r.step_seconds.count == 9 and r.phases == {"data_wait": 1.5}
+
+
+def test_a_report_before_the_first_step_has_no_anchor() -> None:
+    r = parse(report(0))
+    assert r.anchor is None and r.updated is None and r.totals.steps == 0
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("v", 2, "protocol version 1"),
+        ("job", "", "job: expected"),
+        ("job", "a b", "job: expected"),
+        ("job", 'x"}\n', "job: expected"),
+        ("job", "x" * 129, "job: expected"),
+        ("job", "ok\n", "job: expected"),
+        ("job", 5, "job: expected"),
+        ("rank", -1, "rank: must be between 0 and 0"),
+        ("rank", 1, "rank: must be between 0 and 0"),
+        ("rank", 1.0, "rank: expected an integer"),
+        ("rank", True, "rank: expected an integer"),
+        ("world_size", 0, "world_size: must be between"),
+        ("kind", "serve", "kind: expected one of train, inference"),
+        ("dtype", "bfloat16", "dtype: expected one of"),
+        ("flops_per_token", 0, "flops_per_token: must be > 0"),
+        ("flops_per_token", -1.0, "flops_per_token: must be > 0"),
+        ("flops_per_token", "6e9", "flops_per_token: expected a number"),
+        ("flops_per_token", 1e300, "flops_per_token: must be > 0 and <= "),
+        ("peak_flops", float("nan"), "peak_flops: must be finite"),
+        ("time", 12.5, "time: expected unix seconds"),
+        ("time", float("inf"), "time: must be finite"),
+        ("seq", -1, "seq: must be between"),
+        ("pid", 0, "pid: must be between"),
+        ("incarnation", "", "incarnation: expected"),
+        ("incarnation", "a" * 65, "incarnation: expected"),
+        ("devices", "0", "devices: expected a list"),
+        ("devices", ["cuda:0"], "neither a GPU-/MIG- UUID nor an NVML index"),
+        ("devices", ["0"] * 17, "devices: expected a list of at most 16"),
+        ("totals", [], "totals: expected an object"),
+        ("totals", {"steps": -1}, "totals.steps: must be >= 0"),
+        ("totals", {"loss": 1}, "totals: unknown counter 'loss'"),
+        ("totals", {"tokens": 10**400}, "totals.tokens: number too large"),
+        ("step_seconds", {"counts": [0] * 3, "sum": 0}, "step_seconds.counts: expected a list of 17"),
+        ("step_seconds", {"counts": [0] * 16 + [-1], "sum": 0}, "step_seconds.counts[16]: must be >= 0"),
+        ("phases", {"Data Wait": 1.0}, "phases: name 'Data Wait' must match"),
+        ("phases", {"data_wait": "1"}, "phases.data_wait: expected a number"),
+        ("phases", {f"p{i}": 1.0 for i in range(17)}, "phases: at most 16 phases"),
+        ("final", "yes", "final: expected true or false"),
+        ("surprise", 1, "unknown field 'surprise'"),
+    ],
+)
+def test_each_bad_field_is_refused_with_a_message_naming_it(field: str, value: object, message: str) -> None:
+    data = report(5)
+    data[field] = value
+    with pytest.raises(InvalidReport) as exc:
+        parse(data)
+    assert message in str(exc.value)
+    assert len(str(exc.value)) < 300, "a huge value must not be echoed whole"
+
+
+@pytest.mark.parametrize("body", [None, [], "report", 3])
+def test_a_body_that_is_not_an_object_is_refused(body: object) -> None:
+    with pytest.raises(InvalidReport, match="must be a JSON object"):
+        parse(body)
+
+
+def test_devices_accept_uuids_mig_uuids_and_indexes_and_drop_repeats() -> None:
+    devices = [
+        "GPU-14d55335-a6d7-1452-05de-f286311f653e",
+        "MIG-0b1c2d3e-0000-1111-2222-333344445555",
+        "3",
+        "3",
+    ]
+    assert parse(report(1, devices=devices)).devices == tuple(devices[:3])
+
+
+def test_every_protocol_dtype_and_convention_is_accepted() -> None:
+    for dtype in P.DTYPES:
+        assert parse(report(1, dtype=dtype)).dtype == dtype
+    for convention in P.CONVENTIONS:
+        assert parse(report(1, flops_convention=convention)).flops_convention == convention
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda d: d["anchor"].update(tokens=10**6), "anchor.tokens: larger than totals.tokens"),
+        (lambda d: d.update(updated=d["time"] + 3600), "updated: later than the report's own time"),
+        (lambda d: d["anchor"].update(time=d["updated"] + 60), "anchor.time: later than updated"),
+        (lambda d: d.update(started=d["time"] + 3600), "started: later than the report's own time"),
+        (lambda d: d["step_seconds"]["counts"].__setitem__(0, 99), "step_seconds: more observations"),
+        (lambda d: d.update(request_seconds=d["step_seconds"]), "request_seconds: more observations"),
+        (lambda d: d.update(peak_flops=989.5), "give FLOP/s, not TFLOP/s"),
+        (lambda d: d.update(peak_flops=5e-324), "below 1 GFLOP/s"),
+        (lambda d: d.update(v=True), "protocol version 1"),
+        (lambda d: d.update(v=1.0), "protocol version 1"),
+    ],
+)
+def test_fields_that_contradict_each_other_are_refused(change, message) -> None:
+    """What one honest incarnation cannot send: a rate derived from it would be negative, infinite or
+    forever progressing."""
+    data = report(10)
+    change(data)
+    with pytest.raises(InvalidReport, match=re.escape(message)):
+        parse(data)
+
+
+def test_the_sdk_s_per_call_bounds_fit_the_daemon_s_totals() -> None:
+    """A value the SDK accepts can never make the daemon refuse the rank's later reports."""
+    assert P.MAX_PER_CALL * 1000 < P.MAX_COUNT and P.MAX_PER_CALL_SECONDS * 100 < P.MAX_SECONDS
+    data = report(1)
+    data["totals"]["tokens"] = P.MAX_PER_CALL
+    data["phases"] = {"data_wait": P.MAX_PER_CALL_SECONDS}
+    assert parse(data).totals.tokens == P.MAX_PER_CALL

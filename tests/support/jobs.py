@@ -1,0 +1,46 @@
+"""A fixed training scene for exposition tests: two ranks of one job and an inference server, with a
+baseline, at a fixed clock."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+from gpumon.baselines import library as B
+from gpumon.baselines.watch import LibraryWatch
+from gpumon.jobs.analysis import Analysis
+from gpumon.jobs.collector import IngestStats, TrainingCollector
+from gpumon.jobs.report import parse
+from gpumon.jobs.store import JobStore
+from support.reports import report
+
+
+def jobs(snap) -> TrainingCollector:
+    """A training job of two ranks (one restarted, with phases) and an inference server, at a fixed clock."""
+    now = snap.timestamp
+    store = JobStore(max_jobs=4, max_ranks=8, ttl=600.0, window=60.0)
+    phases = {"data_wait": 1.25, "communication": 2.5}
+    first = report(40, started=now - 30, phases=phases, world_size=2)
+    restarted = report(20, started=now - 2.5, incarnation="b0b0b0b0", phases=phases, world_size=2)
+    half = {"data_wait": 0.5, "communication": 1.5}
+    earlier = report(10, started=now - 2.5, rank=1, world_size=2, devices=["1"], phases=half)
+    other = report(20, started=now - 2.5, rank=1, world_size=2, devices=["1"], phases=phases)
+    chat = {"job": "chat", "kind": "inference", "devices": ["2"], "dtype": "bf16", "peak_flops": 150e12}
+    serve_before = report(15, started=now - 3.5, **chat)  # two points: the window has a step time
+    serve = report(30, started=now - 3.5, **chat)
+    for r in (serve_before, serve):
+        r["request_seconds"] = r["step_seconds"]
+        r["totals"]["requests"] = r["totals"]["steps"]
+    for r in (first, restarted, earlier, other, serve_before, serve):
+        store.ingest(parse(r), now)
+    stats = IngestStats()
+    for outcome in ("accepted",) * 4 + ("invalid",):
+        stats.count(outcome)
+    key = B.Key("chat", "NVIDIA RTX A6000", 1, "bf16", "palm")
+    ref = B.Baseline("chat/A6000", key, B.Figures(10_000.0, 0.125, 0.05, 40.0), recorded_at="2026-11-22")
+    path = Path(tempfile.mkdtemp()) / "baselines.toml"
+    B.save(str(path), B.Library((ref,)))
+    watch = LibraryWatch(str(path), clock=lambda: 0.0)  # read once, at creation
+    shutil.rmtree(path.parent)
+    return TrainingCollector(Analysis(store, lambda: snap, clock=lambda: now), stats, watch)
