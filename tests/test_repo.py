@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import ast
 import re
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 from support.helpers import IN_CI, ROOT
@@ -35,3 +37,91 @@ def test_lint_and_types_are_clean(tool: list[str]) -> None:
         pytest.skip(f"{tool[0]} not installed")
     result = subprocess.run([exe, *tool[1:]], cwd=ROOT, capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def gpumon_modules() -> dict[str, Path]:
+    """Every module of the package by dotted name (a package by its own name, for its __init__.py)."""
+    mods = {}
+    for path in (ROOT / "gpumon").rglob("*.py"):
+        parts = list(path.relative_to(ROOT).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        mods[".".join(parts)] = path
+    return mods
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module → the gpumon modules it imports anywhere: at the top, inside functions, under TYPE_CHECKING.
+
+    ``from pkg import name`` counts as importing ``pkg.name`` when that is a module, else ``pkg`` itself.
+    """
+    mods = gpumon_modules()
+
+    def owner(name: str) -> str | None:  # the module that defines ``name`` (a dotted path into the package)
+        while name and name not in mods:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = {m: set() for m in mods}
+    for mod, path in mods.items():
+        package = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    up = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join([*up, base] if base else up)
+                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in mods else base for a in node.names]
+            else:
+                continue
+            for target in targets:
+                found = owner(target) if target.startswith("gpumon") else None
+                if found is not None and found != mod:
+                    graph[mod].add(found)
+    return graph
+
+
+def test_no_module_of_gpumon_imports_itself_through_others() -> None:
+    graph = import_graph()
+    finished: set[str] = set()
+
+    def visit(mod: str, path: list[str]) -> None:
+        if mod in path:
+            pytest.fail("import circle: " + " -> ".join([*path[path.index(mod) :], mod]))
+        if mod in finished:
+            return
+        for imported in sorted(graph[mod]):
+            visit(imported, [*path, mod])
+        finished.add(mod)
+
+    for mod in sorted(graph):
+        visit(mod, [])
+
+
+def test_import_graph_sees_imports_in_functions_and_under_type_checking() -> None:
+    graph = import_graph()
+    assert "gpumon.config.sim" in graph["gpumon.config.resolve"]  # a plain top-level import
+    assert "gpumon.web.server" in graph["gpumon.cli.serve"]  # imported inside a function
+    assert "gpumon.gpu.snapshot" in graph["gpumon.gpu.attribution.owners"]  # under TYPE_CHECKING
+
+
+def test_no_folder_of_gpumon_holds_more_than_14_modules() -> None:
+    crowded = {
+        str(d.relative_to(ROOT)): n
+        for d in [ROOT / "gpumon", *(ROOT / "gpumon").rglob("*/")]
+        if d.name != "__pycache__" and (n := len(list(d.glob("*.py")))) > 14
+    }
+    assert not crowded, f"split these folders by concern: {crowded}"
+
+
+def test_readme_layout_names_folders_in_at_most_30_lines() -> None:
+    text = (ROOT / "README.md").read_text()
+    layout = re.search(r"## Layout\n.*?```\n(.+?)\n```", text, flags=re.S)
+    assert layout, "README.md has a Layout section with the tree in a code block"
+    lines = layout.group(1).splitlines()
+    assert len(lines) <= 30, f"the layout is {len(lines)} lines"
+    named = {m.group(1) for line in lines if (m := re.match(r"\s+(\w+)/\s", line))}
+    folders = {d.name for d in (ROOT / "gpumon").iterdir() if d.is_dir() and (d / "__init__.py").exists()}
+    assert folders <= named, f"the layout does not name {sorted(folders - named)}"
