@@ -96,6 +96,7 @@ def wait_for(predicate, timeout: float = 15.0):
     raise AssertionError("timed out")
 
 
+@pytest.mark.slow
 def test_record_compare_and_manage_a_baseline_end_to_end(node: Node, tmp_path: Path) -> None:
     # once the daemon has a history for the job, too little steady time in it is a one-line error (all of
     # it is warm-up here, so the answer does not depend on how fast this machine starts the CLI)
@@ -151,6 +152,7 @@ def test_record_compare_and_manage_a_baseline_end_to_end(node: Node, tmp_path: P
     assert [x.name for x in B.load(node.training.library.path).baselines] == [b.name]  # type: ignore[union-attr]
 
 
+@pytest.mark.slow
 def test_mistakes_get_one_line_errors_and_lose_nothing(node: Node, tmp_path: Path) -> None:
     missing = gpumon(node, "record", "--job", "nope")
     assert missing.returncode == 1 and "no history for job 'nope'" in missing.stderr

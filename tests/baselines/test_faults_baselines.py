@@ -66,6 +66,7 @@ def temp_files(directory: Path) -> list[str]:
 # --- many writers ------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_many_concurrent_writer_processes_lose_no_committed_entry_and_readers_never_see_half_a_file(
     tmp_path: Path,
 ) -> None:
@@ -533,6 +534,7 @@ def test_text_that_cannot_be_written_as_utf8_is_refused_before_anything_is_writt
     assert lib.read_bytes() == before and temp_files(tmp_path) == []
 
 
+@pytest.mark.slow
 def test_record_into_a_corrupted_library_measures_then_refuses_and_keeps_the_file(
     sims, samplers, tmp_path: Path
 ) -> None:
@@ -596,6 +598,7 @@ def _wait(predicate: Callable[[], object], what: str, timeout: float = 20.0) -> 
     raise AssertionError(f"timed out waiting for {what}")
 
 
+@pytest.mark.slow
 def test_the_daemon_survives_a_corrupted_library_keeps_the_last_good_one_says_so_and_recovers(
     tmp_path: Path,
 ) -> None:

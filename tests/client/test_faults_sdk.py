@@ -53,7 +53,10 @@ BLOCK_BOUND = SDK_TIMEOUT / 2
 INTERVAL = 0.05
 StartDaemon = Callable[..., Daemon]
 
-pytestmark = pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
+pytestmark = [
+    pytest.mark.slow,  # real daemons killed, stopped and restarted
+    pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning"),
+]
 
 
 # ---- the training loop -------------------------------------------------------------------------------------

@@ -24,6 +24,8 @@ from support.helpers import require_module as require
 
 from gpumon.client.protocol import PATH
 
+pytestmark = pytest.mark.slow  # real PyTorch, transformers and Lightning
+
 
 class Recorder:
     """A stand-in daemon: records every report POSTed to /v1/report and answers 204."""

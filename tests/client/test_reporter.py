@@ -520,6 +520,7 @@ print("kept")
     assert out.returncode == 0 and "kept" in out.stdout, out.stderr
 
 
+@pytest.mark.slow
 def test_interpreter_exit_does_not_hang_on_a_slow_daemon(server: Server) -> None:
     srv = server()
     srv.sleep = 10.0

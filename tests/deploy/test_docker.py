@@ -271,6 +271,7 @@ def probe(code: str, env: dict[str, str], cmdline: list[str] | None, tmp_path: P
     return result.returncode
 
 
+@pytest.mark.slow
 def test_healthcheck_probes_the_daemon_where_it_listens(tmp_path: Path) -> None:
     code = healthcheck_code()
     daemon = start_daemon("--simulate", "2xH100-SXM")
@@ -289,6 +290,7 @@ def test_healthcheck_probes_the_daemon_where_it_listens(tmp_path: Path) -> None:
         daemon.stop()
 
 
+@pytest.mark.slow
 def test_healthcheck_speaks_tls_when_the_web_config_says_so(tmp_path: Path) -> None:
     """A web config with TLS (--web-config or GPUMON_WEB_CONFIG) makes the probe speak HTTPS, no password."""
     code = healthcheck_code()

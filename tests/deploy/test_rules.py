@@ -85,6 +85,7 @@ def test_promtool_check_rules() -> None:
     assert r.stdout.count("SUCCESS") == len(alerting.RULE_FILES), r.stdout
 
 
+@pytest.mark.slow
 def test_promtool_unit_tests_pass() -> None:
     promtool = require_tool("promtool")
     assert len(TEST_FILES) >= 4
@@ -652,6 +653,7 @@ def _am_config_to(receiver: str, path: Path) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_alertmanager_notifications_always_have_a_title(tmp_path: Path) -> None:
     """PagerDuty refuses an event without a summary: a group of alerts with different summaries (two GPUs of a
     node) must still get a title, in PagerDuty's description and Slack's title alike."""

@@ -7,10 +7,13 @@ import time
 from pathlib import Path
 
 import bcrypt
+import pytest
 import yaml
 from support.certs import make
 from support.helpers import require_tool, start_daemon
 from support.stack import Prometheus, start_prometheus
+
+pytestmark = pytest.mark.slow  # a real Prometheus over TLS
 
 PASSWORD = "scrape-over-tls"
 

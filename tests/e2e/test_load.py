@@ -20,6 +20,8 @@ from support import load
 from support.helpers import Daemon, start_daemon
 from support.soak import Series, parse, value
 
+pytestmark = pytest.mark.slow  # 100 scrapers for 10 s
+
 SECONDS = 10.0
 SCRAPERS = 100
 RANKS = 8

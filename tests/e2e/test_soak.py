@@ -25,6 +25,8 @@ from gpumon.gpu.sim import SimNvml
 from gpumon.jobs.report import parse
 from gpumon.jobs.store import JobStore
 
+pytestmark = pytest.mark.slow  # hours of simulated churn
+
 # 240x: a 20-60 minute node job lasts 5-15 s; faults span 28 s of real time (almost 2 simulated hours). The
 # warm-up point comes by 10 s (the seed's first node job ends at 7.8 s, the next starts at 8.4 s)
 CI_PLAN = soak.Plan(speed=240, active=(12.0, 40.0), settle=8.0, job_seconds=4.0, ranks=4, crash_every=3)

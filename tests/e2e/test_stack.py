@@ -27,6 +27,8 @@ from support.stack import Prometheus, Webhook, alertmanager_binary, start, start
 
 from gpumon import alerting, dashboards
 
+pytestmark = pytest.mark.slow  # a real Prometheus and Alertmanager scrape four daemons for minutes
+
 JOB, JOB_GPUS, SINGLE = "llama-70b", 24, "bert-ft"
 SLOW_START, SLOW_FOR = 80, 50  # seconds after daemon start: the regression on node 2
 XID_AT, XID_GPU, XID = 15, 6, 74  # an NVLink error on an idle GPU of node 3

@@ -12,6 +12,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from support.helpers import ROOT, require_module
 
+pytestmark = pytest.mark.slow  # real PyTorch training
+
 H100_FP32 = 67e12  # the simulated GPU 0 is an H100 SXM; the script trains in fp32
 
 

@@ -115,6 +115,7 @@ def nodes() -> Iterator[Callable[..., Node]]:
 # -- the driver ------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("fault", "kind"),
     [
@@ -165,6 +166,7 @@ def test_a_driver_absent_at_start_is_waited_for_and_then_sampled(
     assert open_fds() <= fds_before
 
 
+@pytest.mark.slow
 def test_a_driver_that_never_loads_costs_one_attempt_per_backoff_and_no_threads(nodes) -> None:
     node = nodes(interval=0.02)
     node.sim.driver_loaded = False
@@ -186,6 +188,7 @@ def test_auto_and_one_shot_commands_still_refuse_without_a_driver(nodes) -> None
 # -- GPUs ------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("fault", "reason"),
     [
@@ -233,6 +236,7 @@ def test_a_gpu_lost_or_hung_mid_run_comes_back_and_leaves_nothing_behind(
     assert after[1][1] <= after[0][1], "file descriptors grew from one lost-and-back episode to the next"
 
 
+@pytest.mark.slow
 def test_every_gpu_lost_at_once_and_back_reinitialises_nvml(nodes) -> None:
     node = nodes("2xH100-SXM")
     node.sampler.open()
@@ -337,6 +341,7 @@ def test_one_field_value_failing_costs_only_that_field(nodes, ret: int) -> None:
 # -- the event API ---------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("op", ["nvmlEventSetCreate", "nvmlEventSetWait_v2", "nvmlDeviceRegisterEvents"])
 def test_the_event_api_failing_is_visible_and_retried_while_sampling_goes_on(nodes, op: str) -> None:
     node = nodes("2xH100-SXM")
@@ -395,6 +400,7 @@ def test_the_exposition_stays_valid_with_every_kind_of_fault_active(nodes, tmp_p
     assert out.returncode == 0, out.stdout + out.stderr
 
 
+@pytest.mark.slow
 def test_the_daemon_serves_while_it_waits_for_the_driver_and_finds_the_gpus_when_it_loads(daemon) -> None:
     # the simulated driver refuses nvmlInit for its first 3 s, as a node does before the GPU operator's driver
     # container has loaded the kernel module

@@ -103,6 +103,7 @@ def test_a_token_is_required_when_configured(daemon) -> None:
     assert post(d, now_report(1), headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 204
 
 
+@pytest.mark.slow
 def test_silent_ranks_expire_and_their_series_go(daemon) -> None:
     d = daemon("--simulate", "1xH100-SXM", "--rank-ttl", "1s")
     assert post(d, now_report(5)).status_code == 204
@@ -114,6 +115,7 @@ def test_silent_ranks_expire_and_their_series_go(daemon) -> None:
     assert d.get("/v1/jobs").json()["jobs"] == []
 
 
+@pytest.mark.slow
 def test_reports_over_the_unix_socket(daemon) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         path = str(Path(tmp) / "ingest.sock")
@@ -199,6 +201,7 @@ def test_reports_from_another_host_are_refused_unless_allowed(daemon) -> None:
     assert httpx.post(f"http://{addr}:{port2}{P.PATH}", content=body, timeout=10).status_code == 204
 
 
+@pytest.mark.slow
 def test_gpumon_diagnose_explains_the_verdict_with_numbers(node) -> None:
     from support.helpers import run_gpumon
 

@@ -45,6 +45,8 @@ from gpumon.client import protocol as P
 from gpumon.jobs.report import InvalidReport, Report, parse, show
 from gpumon.web.exposition import Renderer
 
+pytestmark = pytest.mark.slow  # fuzzing
+
 NOW = time.time()
 _NAME = re.compile(P.NAME_PATTERN)
 _PHASE = re.compile(P.PHASE_PATTERN)

@@ -528,6 +528,7 @@ def test_client_certificates(tmp_path: Path, certs: Certs) -> None:
         d.daemon.stop()
 
 
+@pytest.mark.slow
 def test_renewed_certificate_and_new_users_apply_without_restart(tmp_path: Path, certs: Certs) -> None:
     cert, key = tmp_path / "tls.pem", tmp_path / "tls.key"
     cert.write_bytes(certs.server_cert.read_bytes())
@@ -610,6 +611,7 @@ def test_sim_job_with_tls_needs_the_socket(tmp_path: Path, certs: Certs) -> None
     assert r.returncode == 2 and "--ingest-socket" in r.stderr, r.stderr
 
 
+@pytest.mark.slow
 def test_sim_job_reports_over_the_socket_beside_tls(tmp_path: Path, certs: Certs) -> None:
     d = TlsDaemon(
         tmp_path, certs, {"tls_server_config": tls_section(certs), "basic_auth_users": {"prom": HASH}},

@@ -44,6 +44,8 @@ from support.reports import now_report
 
 from gpumon.client import protocol as P
 
+pytestmark = pytest.mark.slow  # fuzzing a real daemon
+
 NOW = time.time()
 # what each kind of body may be answered with (a limit, a conflict or a stale report is a valid answer to
 # a valid report; only the mutations and the bytes may also happen to be valid)

@@ -16,11 +16,14 @@ import subprocess
 import time
 
 import httpx
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from support.helpers import Daemon, require_tool
 from support.reports import now_report
 
 from gpumon.client import protocol as P
+
+pytestmark = pytest.mark.slow  # floods of a real daemon
 
 MiB = 1 << 20
 

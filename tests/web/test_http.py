@@ -112,6 +112,7 @@ def test_values_change_between_sweeps_and_counters_grow(node) -> None:
     assert energy() > first
 
 
+@pytest.mark.slow
 def test_a_lost_gpu_is_reported_while_the_daemon_keeps_serving(daemon) -> None:
     # a generous deadline: on a loaded 2-core CI machine a healthy read can take longer than 100 ms
     d = daemon(
@@ -132,6 +133,7 @@ def test_a_lost_gpu_is_reported_while_the_daemon_keeps_serving(daemon) -> None:
     assert 'gpumon_errors_total{error="GpuIsLost",gpu="2"' in d.get("/metrics").text
 
 
+@pytest.mark.slow
 def test_a_hung_gpu_does_not_stall_scrapes(daemon) -> None:
     d = daemon(
         "--simulate", "2xH100-SXM", "--interval", "200ms", "--sim-fault", "hang:1:nvmlDeviceGetPowerUsage@0.3"
@@ -187,6 +189,7 @@ def test_dots_escaping_doubles_underscores(node) -> None:
     assert "gpumon_gpu_up{" in r.text
 
 
+@pytest.mark.slow
 def test_deep_telemetry_end_to_end_xid_compat_and_owner_labels(daemon) -> None:
     d = daemon(
         "--simulate", "2xH100-SXM", "--interval", "200ms", "--compat", "dcgm", "--owner-labels",

@@ -267,6 +267,7 @@ def _tps(metrics: str) -> dict:
     return _samples(metrics, "gpumon_training_tokens_per_second")
 
 
+@pytest.mark.slow
 def test_serve_runs_the_jobs_through_its_own_ingest_and_a_slowdown_drops_tokens(daemon) -> None:
     token = "sim-job-test-token-0123"
     d = daemon(
@@ -303,6 +304,7 @@ def test_serve_runs_the_jobs_through_its_own_ingest_and_a_slowdown_drops_tokens(
     assert d.stop() == 0
 
 
+@pytest.mark.slow
 def test_ranks_report_over_the_ingest_socket_when_there_is_one(daemon, tmp_path) -> None:
     sock = tmp_path / "ingest.sock"
     d = daemon(
