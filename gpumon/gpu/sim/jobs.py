@@ -3,8 +3,9 @@
 This is the simulator's half of a simulated job, and lives with the simulator because the GPUs it runs on
 must show it: utilisation, power and NVLink follow the job's data-wait, compute and all-reduce phases (a
 ``SimJob`` is the workload of its GPUs' dynamics, in place of the node's job sequence). The other half, the
-ranks that report each step through the real SDK, is gpumon/gpu/sim/ranks.py: it needs the SDK, the peak
-table and a running daemon, none of which the simulator should depend on.
+ranks that report each step through the real SDK, is gpumon/gpu/sim/ranks.py beside it: it needs the SDK, the
+peak table and a running daemon, none of which the simulated NVML (this module included) may depend on; only
+``gpumon serve`` and its settings import ranks.py.
 
 A spec is ``NAME:GPUS[:FIRST_RANK/WORLD_SIZE][:KEY=VALUE...]``: ``llama-70b:0-7:8/24`` is ranks 8..15 of a
 24-rank job on GPUs 0-7 of this node; ``bert-ft:0-3`` is ranks 0..3 of a 4-rank job. GPUS is a list of
