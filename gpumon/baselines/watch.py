@@ -40,6 +40,11 @@ class LibraryWatch:
                 self._reload()
             return self._library
 
+    def state(self) -> tuple[Library, bool, str | None]:
+        """What a scrape shows of the library, as last read (without reading it): changes when a reload
+        changed anything."""
+        return self._library, self.ok, self.error
+
     def _reload(self) -> None:
         try:
             st = os.stat(self.path)

@@ -130,6 +130,7 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
         training=training,
         node=settings.node_name or node_hostname(),
         guard=guard,
+        max_age=settings.interval,
     )
     sampler.start()
     host, port = sock.getsockname()[:2]

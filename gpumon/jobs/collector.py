@@ -45,10 +45,12 @@ class IngestStats:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.counts = dict.fromkeys(OUTCOMES, 0)
+        self.total = 0  # every report counted so far: what changes when the job store may have
 
     def count(self, outcome: str) -> None:
         with self._lock:
             self.counts[outcome] += 1
+            self.total += 1
 
 
 Family = GaugeMetricFamily | CounterMetricFamily | HistogramMetricFamily

@@ -4,7 +4,7 @@ the baseline library and the job history that ``gpumon baseline record`` reads."
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
 from gpumon.baselines.history import JobHistory
@@ -29,6 +29,13 @@ class Training:
 
     def collector(self) -> TrainingCollector:
         return TrainingCollector(self.analysis, self.stats, self.library)
+
+    def state(self) -> tuple[Hashable, ...]:
+        """What the training families depend on besides the GPU snapshot and the clock: the reports counted,
+        the ranks expired and the baseline library as last read. Any request that changes one of them
+        (a report, GET /v1/jobs expiring a rank, GET /v1/baselines reloading the file) changes this."""
+        library = None if self.library is None else self.library.state()
+        return self.stats.total, self.analysis.store.expired, library
 
     def observe(self, snap: Snapshot | None = None) -> None:
         """A sampler listener: the GPU history gets every sweep; the job history a sample every 10 s."""

@@ -3,15 +3,15 @@ page; one uvicorn worker."""
 
 from __future__ import annotations
 
-import gzip
 import html
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Hashable, Iterable
 
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
 from prometheus_client import CollectorRegistry, ProcessCollector
 from prometheus_client.exposition import choose_encoder
+from prometheus_client.metrics_core import Metric
 
 from gpumon import __version__
 from gpumon.gpu.collector import SnapshotCollector
@@ -20,12 +20,11 @@ from gpumon.gpu.snapshot import Snapshot, snapshot_json
 from gpumon.jobs.api import Ingest, Reason
 from gpumon.jobs.api import router as training_router
 from gpumon.jobs.service import Training
-from gpumon.web.exposition import Renderer
 from gpumon.web.guard import Access, Guard
+from gpumon.web.scrape import Format, ScrapeCache
 
 TEXT_0_0_4 = "text/plain; version=0.0.4; charset=utf-8"
 _ESCAPING = re.compile(r"escaping=([\w-]+)")
-GZIP_LEVEL = 1  # exposition text compresses ~10x even at level 1; higher levels cost CPU for a few percent
 
 
 def build_registry(
@@ -76,7 +75,10 @@ def create_app(
     training: Training | None = None,
     node: str | None = None,
     guard: Guard | None = None,
+    max_age: float = 1.0,
 ) -> FastAPI:
+    """``max_age``: how long a render may be reused while nothing it reads has changed (the sample
+    interval: what changes with time alone is then as fresh as the GPU series)."""
     registry = build_registry(source, owner_labels=owner_labels, compat=compat, training=training, node=node)
     app = FastAPI(title="gpumon", version=__version__, docs_url=None, redoc_url=None)
     if training is not None:
@@ -85,11 +87,15 @@ def create_app(
     if guard is not None:  # added last, so outermost: nothing is answered before it has looked
         app.add_middleware(Access, guard=guard)
 
-    renderer = Renderer()
+    def collect(names: list[str] | None) -> Iterable[Metric]:
+        return (registry.restricted_registry(names) if names else registry).collect()
 
-    # async: the exposition is formatted on the event loop, start to finish, instead of in a worker thread
-    # that trades the interpreter lock with the loop every millisecond while SDK reports arrive; under
-    # 2,000 reports/s that halved scrape latency (docs/performance.md). Nothing here waits or calls NVML.
+    def state() -> tuple[Hashable, ...]:
+        return (source(), None if training is None else training.state())
+
+    scrapes = ScrapeCache(collect, state, max_age=max_age)
+    app.state.scrapes = scrapes
+
     @app.get(
         "/metrics",
         summary="Prometheus exposition (text 0.0.4 or OpenMetrics by Accept; gzip)",
@@ -98,13 +104,11 @@ def create_app(
     )
     async def metrics(request: Request) -> Response:
         content_type = negotiate(request.headers.get("accept", ""))
-        names = request.query_params.getlist("name[]")
-        source = registry.restricted_registry(names) if names else registry
-        om = content_type.startswith("application/openmetrics")
-        body = renderer.render(source.collect(), openmetrics_format=om, dots=dots_escaping(content_type))
+        fmt = Format(content_type.startswith("application/openmetrics"), dots_escaping(content_type))
+        gzipped = "gzip" in request.headers.get("accept-encoding", "")
+        body = await scrapes.get(fmt, gzipped=gzipped, names=request.query_params.getlist("name[]"))
         headers = {"Content-Type": content_type}
-        if "gzip" in request.headers.get("accept-encoding", ""):
-            body = gzip.compress(body, compresslevel=GZIP_LEVEL)
+        if gzipped:
             headers["Content-Encoding"] = "gzip"
         return Response(body, headers=headers)
 

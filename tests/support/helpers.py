@@ -92,14 +92,17 @@ class Daemon:
         return self.proc.returncode
 
 
-def start_daemon(*args: str, ready: bool = True, log_file: Path | None = None) -> Daemon:
-    """``gpumon serve`` as a real subprocess on an ephemeral loopback port (its output also in log_file)."""
+def start_daemon(
+    *args: str, ready: bool = True, log_file: Path | None = None, tree: Path = ROOT
+) -> Daemon:
+    """``gpumon serve`` as a real subprocess on an ephemeral loopback port (its output also in log_file);
+    ``tree``: the checkout whose gpumon runs (python -m imports from its working directory first)."""
     proc = subprocess.Popen(
         gpumon_cmd("serve", "--listen", "127.0.0.1:0", *args),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        cwd=ROOT,
+        cwd=tree,
     )
     log: list[str] = []
     found = threading.Event()

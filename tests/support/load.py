@@ -41,6 +41,8 @@ class Stats:
     scrapes_per_scraper: list[int] = field(default_factory=list)
     report_seconds: list[float] = field(default_factory=list)
     report_status: Counter[str] = field(default_factory=Counter)
+    probe_seconds: list[float] = field(default_factory=list)  # GET /healthz, as a liveness probe would
+    probe_status: Counter[str] = field(default_factory=Counter)
     last_steps: dict[str, int] = field(default_factory=dict)  # rank -> steps in its last report answered 204
     errors: Counter[str] = field(default_factory=Counter)  # connection errors, by kind
     seconds: float = 0.0
@@ -104,11 +106,31 @@ async def _scraper(host: str, port: int, end: float, every: float, offset: float
     stats.scrapes_per_scraper.append(done)
 
 
-async def _rank(host: str, port: int, rank: int, ranks: int, rate: float, end: float, stats: Stats) -> None:
+async def _probe(host: str, port: int, end: float, every: float, stats: Stats) -> None:
+    """GET /healthz every ``every`` seconds on a new connection each time, as the kubelet probes."""
+    request = f"GET /healthz HTTP/1.1\r\nHost: {host}:{port}\r\nConnection: close\r\n\r\n".encode()
+    while time.monotonic() < end:
+        t0 = time.perf_counter()
+        try:
+            reader, writer = await asyncio.open_connection(host, port)
+            writer.write(request)
+            status, _ = await asyncio.wait_for(_response(reader), timeout=30)
+            writer.close()
+        except (OSError, asyncio.IncompleteReadError, asyncio.TimeoutError, ValueError) as exc:
+            stats.errors[f"probe {type(exc).__name__}"] += 1
+        else:
+            stats.probe_seconds.append(time.perf_counter() - t0)
+            stats.probe_status[str(status)] += 1
+        await asyncio.sleep(every)
+
+
+async def _rank(
+    host: str, port: int, rank: int, ranks: int, rate: float, end: float, stats: Stats, per_job: int = 0
+) -> None:
     started = time.time() - 100.0  # the incarnation started well before its first step, as a real one
     incarnation = os.urandom(8).hex()  # each run of the generator is a new process of each rank
     period = 1.0 / rate
-    due = time.monotonic()
+    due = time.monotonic() + period * rank / ranks  # spread, as processes started apart report apart
     seq = 0
     conn: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
     while time.monotonic() < end:
@@ -119,6 +141,9 @@ async def _rank(host: str, port: int, rank: int, ranks: int, rate: float, end: f
             "forward_backward": steps * 0.008,
             "communication": steps * 0.001,
         }
+        job, job_rank, world = ("load", rank, ranks)
+        if per_job:  # jobs of per_job ranks: load-0, load-1, ...
+            job, job_rank, world = f"load-{rank // per_job}", rank % per_job, per_job
         body = json.dumps(
             report(
                 steps,
@@ -126,9 +151,9 @@ async def _rank(host: str, port: int, rank: int, ranks: int, rate: float, end: f
                 step_seconds=STEP_SECONDS,
                 t=time.time(),
                 seq=seq,
-                job="load",
-                rank=rank,
-                world_size=ranks,
+                job=job,
+                rank=job_rank,
+                world_size=world,
                 local_rank=rank % 8,
                 devices=[str(rank % 8)],
                 phases=phases,
@@ -167,7 +192,16 @@ async def _rank(host: str, port: int, rank: int, ranks: int, rate: float, end: f
         conn[1].close()
 
 
-async def run(url: str, seconds: float, scrapers: int, ranks: int, rate: float, every: float) -> Stats:
+async def run(
+    url: str,
+    seconds: float,
+    scrapers: int,
+    ranks: int,
+    rate: float,
+    every: float,
+    per_job: int = 0,
+    probe_every: float = 0.0,
+) -> Stats:
     parts = urlsplit(url)
     host, port = parts.hostname or "127.0.0.1", parts.port or 80
     stats = Stats()
@@ -175,7 +209,9 @@ async def run(url: str, seconds: float, scrapers: int, ranks: int, rate: float, 
     end = t0 + seconds
     # paced scrapers start spread over their interval, as independent Prometheus servers would
     tasks = [_scraper(host, port, end, every, every * i / scrapers, stats) for i in range(scrapers)]
-    tasks += [_rank(host, port, r, ranks, rate, end, stats) for r in range(ranks)]
+    tasks += [_rank(host, port, r, ranks, rate, end, stats, per_job) for r in range(ranks)]
+    if probe_every:
+        tasks.append(_probe(host, port, end, probe_every, stats))
     await asyncio.gather(*tasks)
     stats.seconds = time.monotonic() - t0
     return stats
@@ -189,8 +225,12 @@ def main() -> None:
     p.add_argument("--ranks", type=int, default=8)
     p.add_argument("--rate", type=float, default=10.0, help="reports per second per rank (the SDK: 1)")
     p.add_argument("--scrape-every", type=float, default=0.0, help="a scraper's interval (0: back to back)")
+    p.add_argument("--ranks-per-job", type=int, default=0, help="jobs of this many ranks (0: one job)")
+    p.add_argument("--probe-every", type=float, default=0.0, help="GET /healthz this often (0: never)")
     a = p.parse_args()
-    stats = asyncio.run(run(a.url, a.seconds, a.scrapers, a.ranks, a.rate, a.scrape_every))
+    stats = asyncio.run(
+        run(a.url, a.seconds, a.scrapers, a.ranks, a.rate, a.scrape_every, a.ranks_per_job, a.probe_every)
+    )
     usage = resource.getrusage(resource.RUSAGE_SELF)
     stats.cpu_seconds = usage.ru_utime + usage.ru_stime
     print(json.dumps(stats.json()))
@@ -204,12 +244,15 @@ def generate(
     ranks: int = 8,
     rate: float = 10.0,
     scrape_every: float = 0.0,
+    ranks_per_job: int = 0,
+    probe_every: float = 0.0,
 ) -> dict[str, Any]:
     """Run the generator in its own process; its JSON output."""
     import subprocess
 
     cmd = [sys.executable, __file__, url, f"--seconds={seconds:g}", f"--scrapers={scrapers}"]
     cmd += [f"--ranks={ranks}", f"--rate={rate:g}", f"--scrape-every={scrape_every:g}"]
+    cmd += [f"--ranks-per-job={ranks_per_job}", f"--probe-every={probe_every:g}"]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 120)
     if out.returncode != 0:
         raise RuntimeError(f"the load generator failed ({out.returncode}): {out.stderr[-2000:]}")

@@ -1,0 +1,121 @@
+"""/metrics as a shared read: one render serves every scraper that asks while nothing has changed, and the
+render runs on a worker thread, so probes and SDK reports are answered while it formats.
+
+A render is reused while the GPU snapshot is the same object, nothing the training families read has changed
+(reports counted, ranks expired, the baseline library as last read: ``Training.state``), and it is younger
+than the sample interval (what changes with time alone, such as a rate decaying or the process's CPU counter,
+is then at most one sweep old, as the GPU series are). A scraper never gets a render that began before it
+arrived unless nothing has changed since: after a report is answered, or GET /v1/jobs or /v1/baselines showed
+a change, the next scrape shows it too. Scrapers that arrive while a render runs wait for it and then share
+the next one, so N concurrent scrapers cost at most two renders however large N is. Each format (text,
+OpenMetrics, dots escaping) is its own entry; its gzip form is made once, when first asked for. A scrape that
+selects families (``name[]``) is rendered for itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gzip
+import threading
+import time
+from collections.abc import Callable, Hashable, Iterable
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+from prometheus_client.metrics_core import Metric
+
+from gpumon.web.exposition import Renderer
+
+T = TypeVar("T")
+GZIP_LEVEL = 1  # exposition text compresses ~10x even at level 1; higher levels cost CPU for a few percent
+
+
+@dataclass(frozen=True)
+class Format:
+    openmetrics: bool
+    dots: bool
+
+
+@dataclass
+class Render:
+    key: tuple[Hashable, ...]  # the state it was made from
+    started: float  # monotonic time the render began reading that state
+    body: bytes
+    gzipped: bytes | None = field(default=None, repr=False)
+
+
+class ScrapeCache:
+    """Owned by one app; its methods are called from the event loop."""
+
+    def __init__(
+        self,
+        collect: Callable[[list[str] | None], Iterable[Metric]],
+        state: Callable[[], tuple[Hashable, ...]],
+        *,
+        max_age: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._collect = collect  # the registry's families; a list of names restricts them
+        self._state = state  # what a render depends on, cheap to read: identities and counters
+        self._max_age = max_age
+        self._clock = clock
+        self._renderer = Renderer()
+        # held across every render: renders never run side by side, so a storm of scrapers costs one core
+        self._lock = asyncio.Lock()
+        self._renders: dict[Format, Render] = {}
+        self.made = 0  # renders made, for tests and benchmarks
+
+    async def get(self, fmt: Format, *, gzipped: bool = False, names: list[str] | None = None) -> bytes:
+        arrived = self._clock()
+        async with self._lock:
+            if names:
+                return await self._run(self._format, fmt, names, gzipped)
+            r = self._renders.get(fmt)
+            if r is None or not (r.started > arrived or self._reusable(r)):
+                r = await self._run(self._make, fmt)
+                self._renders[fmt] = r
+            if not gzipped:
+                return r.body
+            if r.gzipped is None:
+                r.gzipped = await self._run(gzip.compress, r.body, GZIP_LEVEL)
+            return r.gzipped
+
+    def _reusable(self, r: Render) -> bool:
+        return r.key == self._state() and self._clock() - r.started < self._max_age
+
+    @staticmethod
+    async def _run(fn: Callable[..., T], *args: object) -> T:
+        """``fn(*args)`` on a thread of its own. Not a pool: a pool's idle thread would outlive every app
+        (tests create many) and hold interpreter exit; a thread costs ~0.1 ms against a render's milliseconds.
+        A daemon thread, so a render cut short by SIGTERM does not delay the exit."""
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[T] = loop.create_future()
+
+        def settle(result: T | None, exc: BaseException | None) -> None:
+            if done.cancelled():  # the scraper went away
+                return
+            if exc is not None:
+                done.set_exception(exc)
+            else:
+                done.set_result(result)  # type: ignore[arg-type]
+
+        def work() -> None:
+            try:
+                result, exc = fn(*args), None
+            except BaseException as e:  # handed to the awaiting request, as if it had run there
+                result, exc = None, e
+            with contextlib.suppress(RuntimeError):  # the loop closed while this ran: nobody is waiting
+                loop.call_soon_threadsafe(settle, result, exc)
+
+        threading.Thread(target=work, name="gpumon-render", daemon=True).start()
+        return await done
+
+    def _make(self, fmt: Format) -> Render:
+        started, key = self._clock(), self._state()  # the key first: a change after it forces the next render
+        self.made += 1
+        return Render(key, started, self._format(fmt, None, False))
+
+    def _format(self, fmt: Format, names: list[str] | None, gzipped: bool) -> bytes:
+        body = self._renderer.render(self._collect(names), openmetrics_format=fmt.openmetrics, dots=fmt.dots)
+        return gzip.compress(body, compresslevel=GZIP_LEVEL) if gzipped else body

@@ -1,0 +1,165 @@
+"""/metrics as a shared read (gpumon/web/scrape.py): concurrent scrapers share one render, a change or the
+sample interval makes a new one, a scraper never gets a render older than its own arrival when something
+changed, and the render runs off the event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import threading
+from collections.abc import Hashable, Iterable
+
+import httpx
+import pytest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
+
+from gpumon.web.scrape import Format, ScrapeCache
+
+TEXT = Format(openmetrics=False, dots=False)
+OPENMETRICS = Format(openmetrics=True, dots=False)
+
+
+class World:
+    """The state a render reads: a version a test bumps, a clock it moves, a collect it can hold."""
+
+    def __init__(self) -> None:
+        self.version = 0
+        self.now = 100.0
+        self.collected: list[list[str] | None] = []
+        self.entered = threading.Event()  # a collect has started
+        self.release = threading.Event()  # collects may finish
+        self.release.set()
+
+    def collect(self, names: list[str] | None) -> Iterable[Metric]:
+        self.collected.append(names)
+        self.entered.set()
+        assert self.release.wait(10), "the test never released the render"
+        g = GaugeMetricFamily("gpumon_test_version", "The state's version.", labels=["n"])
+        g.add_metric([str(len(self.collected))], self.version)
+        return [g]
+
+    def state(self) -> tuple[Hashable, ...]:
+        return (self.version,)
+
+    def cache(self, max_age: float = 1.0) -> ScrapeCache:
+        return ScrapeCache(self.collect, self.state, max_age=max_age, clock=lambda: self.now)
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_a_render_is_reused_until_the_state_changes_or_the_interval_passes() -> None:
+    world = World()
+    cache = world.cache(max_age=1.0)
+
+    async def scenario() -> None:
+        first = await cache.get(TEXT)
+        world.now += 0.5
+        assert await cache.get(TEXT) is first and cache.made == 1  # nothing changed, within the interval
+        world.version += 1  # a report was counted (or a sweep ended)
+        changed = await cache.get(TEXT)
+        assert changed != first and b"gpumon_test_version{" in changed and cache.made == 2
+        world.now += 1.0  # nothing changed, but the render is a sample interval old
+        assert await cache.get(TEXT) != changed and cache.made == 3
+
+    run(scenario())
+
+
+def test_each_format_is_its_own_render_and_gzip_is_made_once() -> None:
+    world = World()
+    cache = world.cache()
+
+    async def scenario() -> None:
+        text = await cache.get(TEXT)
+        om = await cache.get(OPENMETRICS)
+        assert om.endswith(b"# EOF\n") and not text.endswith(b"# EOF\n") and cache.made == 2
+        zipped = await cache.get(TEXT, gzipped=True)
+        assert gzip.decompress(zipped) == text and await cache.get(TEXT, gzipped=True) is zipped
+        assert cache.made == 2
+
+    run(scenario())
+
+
+def test_concurrent_scrapers_share_one_render() -> None:
+    world = World()
+    cache = world.cache()
+
+    async def scenario() -> list[bytes]:
+        return await asyncio.gather(*(cache.get(TEXT) for _ in range(32)))
+
+    bodies = run(scenario())
+    assert len(set(bodies)) == 1 and cache.made == 1
+
+
+def test_scrapers_arriving_during_a_render_after_a_change_share_the_next_one() -> None:
+    world = World()
+    cache = world.cache()
+
+    async def scenario() -> None:
+        world.release.clear()
+        first = asyncio.create_task(cache.get(TEXT))
+        await asyncio.to_thread(world.entered.wait, 10)  # the first render is reading the state
+        world.version += 1  # a report arrives while it runs: the waiters must not get the older render
+        late = [asyncio.create_task(cache.get(TEXT)) for _ in range(16)]
+        await asyncio.sleep(0.01)
+        world.release.set()
+        old = await first
+        bodies = await asyncio.gather(*late)
+        assert len(set(bodies)) == 1 and bodies[0] != old
+        assert b"gpumon_test_version{n=\"2\"} 1.0" in bodies[0]
+        assert cache.made == 2  # 17 scrapers, two renders
+
+    run(scenario())
+
+
+def test_the_render_runs_off_the_event_loop() -> None:
+    world = World()
+    cache = world.cache()
+
+    async def scenario() -> None:
+        world.release.clear()
+        scrape = asyncio.create_task(cache.get(TEXT))
+        await asyncio.to_thread(world.entered.wait, 10)
+        # the render is held inside collect(): were it on the loop, nothing below could run until it ended
+        ticks = 0
+        for _ in range(5):
+            await asyncio.sleep(0)
+            ticks += 1
+        assert ticks == 5 and not scrape.done()
+        assert threading.current_thread() is threading.main_thread()
+        world.release.set()
+        assert b"gpumon_test_version" in await scrape
+
+    run(scenario())
+
+
+def test_a_scrape_that_selects_families_is_rendered_for_itself() -> None:
+    world = World()
+    cache = world.cache()
+
+    async def scenario() -> None:
+        whole = await cache.get(TEXT)
+        selected = await cache.get(TEXT, names=["gpumon_test_version"])
+        assert world.collected == [None, ["gpumon_test_version"]] and cache.made == 1
+        assert selected != whole  # its own render (the label counts collects)
+        assert await cache.get(TEXT) is whole
+
+    run(scenario())
+
+
+@pytest.mark.parametrize("gzipped", [False, True])
+def test_a_daemon_answers_every_concurrent_scrape_with_the_same_exposition(daemon, gzipped: bool) -> None:
+    node = daemon("--simulate", "2xH100-SXM")
+    headers = {"Accept-Encoding": "gzip" if gzipped else "identity"}
+
+    async def storm() -> list[httpx.Response]:
+        async with httpx.AsyncClient(base_url=node.url, timeout=30) as client:
+            return await asyncio.gather(*(client.get("/metrics", headers=headers) for _ in range(24)))
+
+    answers = run(storm())
+    assert {a.status_code for a in answers} == {200}
+    assert all(a.headers.get("content-encoding") == ("gzip" if gzipped else None) for a in answers)
+    sweeps = {a.text.split("\ngpumon_samples_total ")[1].split("\n")[0] for a in answers}
+    assert len(sweeps) <= 2  # one render shared (two when a sweep ended mid-storm)
