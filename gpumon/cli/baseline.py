@@ -79,8 +79,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     e.add_argument("-o", "--output", metavar="FILE", help="default: standard output")
 
 
+WRITES = ("record", "delete", "import")
+
+
 def run(settings: Settings, args: argparse.Namespace) -> int:
-    path = _library_path(settings, args.url or default_url())
+    path = _library_path(settings, args.url or default_url(), writing=args.action in WRITES)
     action = {
         "record": _record,
         "list": _list,
@@ -96,18 +99,27 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
         raise ConfigError(str(exc)) from None
 
 
-def _library_path(settings: Settings, url: str) -> str:
-    """The file to work on: --baselines (or GPUMON_BASELINES, or the config file) when given; otherwise the
-    one the local daemon reads, so that a user whose default differs from the daemon's (root's
-    /var/lib/gpumon) does not record into a file the daemon never sees. A remote daemon's path is on
-    another machine, so it is never used."""
+def _library_path(settings: Settings, url: str, *, writing: bool) -> str:
+    """The file to work on: --baselines (or GPUMON_BASELINES, or the config file) when given. Otherwise this
+    user's default, and the local daemon is asked which file it reads: reading commands show that one (a
+    user whose default differs from the daemon's, root's /var/lib/gpumon, sees the daemon's baselines), but
+    a command that writes never writes where an answer over HTTP points (whoever listens on the port could
+    name any file, and root would overwrite it): when the daemon reads another file it is refused, naming
+    that file. A remote daemon's path is on another machine, so it is never used."""
     if settings.baselines != default_baselines_path() or not _local(url):
         return settings.baselines
     try:
-        path = get_json(url, "/v1/baselines", timeout=2.0).get("path")
+        daemon = get_json(url, "/v1/baselines", timeout=2.0).get("path")
     except (DaemonError, ConfigError):
         return settings.baselines
-    return path if isinstance(path, str) and path else settings.baselines
+    if not isinstance(daemon, str) or not daemon or daemon == settings.baselines:
+        return settings.baselines
+    if writing:
+        raise ConfigError(
+            f"the daemon at {display_url(url)} reads {daemon[:300]!r}, not this user's default "
+            f"{settings.baselines}; nothing was written: pass --baselines with the file to write"
+        )
+    return daemon
 
 
 def _local(url: str) -> bool:

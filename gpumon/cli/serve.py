@@ -236,8 +236,15 @@ def _sim_training(sampler: Sampler, settings: Settings, sock: socket.socket) -> 
 def _uvicorn_config(app: Any) -> uvicorn.Config:
     import uvicorn  # here, not at module level: snapshot and doctor do not need the web stack
 
+    # proxy_headers off whatever FORWARDED_ALLOW_IPS says: uvicorn would otherwise let X-Forwarded-For rewrite
+    # the client's address, and a remote report could then claim to be from loopback and pass the ingest rule
     config = uvicorn.Config(
-        app, log_config=None, access_log=False, lifespan="off", timeout_graceful_shutdown=3
+        app,
+        log_config=None,
+        access_log=False,
+        lifespan="off",
+        timeout_graceful_shutdown=3,
+        proxy_headers=False,
     )
     config.load()
     return config

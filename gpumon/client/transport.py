@@ -26,6 +26,8 @@ log = logging.getLogger("gpumon.client")
 
 # the daemon's answers are a few bytes; more than this is not a gpumon daemon
 MAX_RESPONSE_BYTES = 64 * 1024
+# a daemon's detail is a sentence (the longest, a 409's, names two pids and what to change); the rest is cut
+MAX_DETAIL = 300
 MAX_BACKOFF = 30.0
 # distinct 4xx answers logged per Reporter: one per (status, detail), then silence
 MAX_REJECTION_LOGS = 8
@@ -116,7 +118,8 @@ class Transport:
                 # a reused connection the daemon closed fails at once; a timeout means a slow daemon
                 if reused and attempt == 0 and not isinstance(exc, socket.timeout):
                     continue
-                return 0, f"{type(exc).__name__}: {exc}".rstrip(": ")
+                # printable: http.client quotes a garbage status line whole (up to 64 KiB) in its exception
+                return 0, printable(f"{type(exc).__name__}: {exc}".rstrip(": "))
         return 0, "unreachable"  # pragma: no cover - the loop always returns
 
     def close(self) -> None:
@@ -140,10 +143,17 @@ def _detail(data: bytes) -> str:
     try:
         parsed = json.loads(data.decode("utf-8", "replace")) if data else None
     except ValueError:
-        return data[:300].decode("utf-8", "replace")
+        return printable(data[:MAX_DETAIL].decode("utf-8", "replace"))
     detail = parsed.get("detail", parsed) if isinstance(parsed, dict) else parsed
     text = detail if isinstance(detail, str) else json.dumps(detail)
-    return text[:300] if detail is not None else ""
+    return printable(text) if detail is not None else ""
+
+
+def printable(text: str) -> str:
+    """At most MAX_DETAIL characters, each printable: what a reply puts in the training log cannot flood it
+    or send the terminal escape sequences."""
+    cut = text[:MAX_DETAIL]
+    return "".join(c if c.isprintable() else "?" for c in cut) + ("..." if len(text) > MAX_DETAIL else "")
 
 
 class Sender:

@@ -30,7 +30,10 @@ from gpumon.config.settings import (
     parse_duration,
     text_setting,
 )
+from gpumon.files import MiB, NotAFile, read_bounded
 from gpumon.web.listen import ListenError, parse_listen
+
+MAX_FILE_BYTES = MiB  # a config file is a few hundred bytes; /dev/zero is not one
 
 
 def _env_name(key: str) -> str:
@@ -39,14 +42,17 @@ def _env_name(key: str) -> str:
 
 def load_file(path: str) -> dict[str, Any]:
     try:
-        with open(path, "rb") as fh:
-            data = tomllib.load(fh)
+        data = tomllib.loads(read_bounded(path, MAX_FILE_BYTES).decode("utf-8"))
+    except NotAFile as exc:
+        raise ConfigError(f"config file {path} {exc}") from None
     except OSError as exc:
         raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
     except UnicodeDecodeError:
         raise ConfigError(f"config file {path} is not UTF-8 text") from None
+    except RecursionError:  # tomllib recurses per nested array or inline table
+        raise ConfigError(f"config file {path} nests arrays or tables deeper than any setting") from None
     known = {f.name for f in fields(Settings)}
     unknown = sorted(set(data) - known)
     if unknown:

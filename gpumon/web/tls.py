@@ -12,7 +12,8 @@ import os
 import ssl
 from collections.abc import Iterator
 
-from gpumon.web.webconfig import CIPHER_SUITES, TlsSettings, WebConfigError
+from gpumon.files import NotAFile, read_bounded
+from gpumon.web.webconfig import CIPHER_SUITES, MAX_FILE_BYTES, TlsSettings, WebConfigError
 
 _VERSIONS = {
     "TLS10": ssl.TLSVersion.TLSv1,
@@ -42,15 +43,12 @@ def server_context(tls: TlsSettings, where: str) -> ssl.SSLContext:
         ctx.verify_mode = (
             ssl.CERT_REQUIRED if tls.client_auth_type == "RequireAndVerifyClientCert" else ssl.CERT_OPTIONAL
         )
+        # read here, bounded, not by OpenSSL from the path: a device there would be read without end
+        ca = _read(tls.client_ca_file, tls.client_ca, where)
         try:
-            if tls.client_ca_file:
-                ctx.load_verify_locations(cafile=tls.client_ca_file)
-            else:
-                ctx.load_verify_locations(cadata=tls.client_ca)
-        except (ssl.SSLError, ValueError) as exc:  # before OSError: SSLError is one
+            ctx.load_verify_locations(cadata=ca.decode("ascii", errors="replace"))
+        except (ssl.SSLError, ValueError) as exc:
             raise WebConfigError(f"{where}: the client CA is not a PEM certificate: {_reason(exc)}") from None
-        except OSError as exc:
-            raise WebConfigError(f"{where}: cannot read {tls.client_ca_file}: {exc.strerror}") from None
     return ctx
 
 
@@ -68,8 +66,9 @@ def _read(path: str | None, inline: str | None, where: str) -> bytes:
     if path is None:
         return (inline or "").encode()
     try:
-        with open(path, "rb") as fh:
-            return fh.read()
+        return read_bounded(path, MAX_FILE_BYTES)
+    except NotAFile as exc:
+        raise WebConfigError(f"{where}: {path} {exc}") from None
     except OSError as exc:
         raise WebConfigError(f"{where}: cannot read {path}: {exc.strerror}") from None
 

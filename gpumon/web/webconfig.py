@@ -17,6 +17,9 @@ from typing import Any
 import yaml
 
 from gpumon.config.settings import ConfigError
+from gpumon.files import MiB, NotAFile, read_bounded
+
+MAX_FILE_BYTES = MiB  # the web config, and each certificate, key and CA file it names
 
 CLIENT_AUTH = (
     "NoClientCert",
@@ -128,14 +131,17 @@ class WebConfigError(ConfigError):
 
 def load(path: str) -> WebConfig:
     try:
-        with open(path, encoding="utf-8") as fh:
-            data = yaml.safe_load(fh)
+        data = yaml.safe_load(read_bounded(path, MAX_FILE_BYTES).decode("utf-8"))
+    except NotAFile as exc:
+        raise WebConfigError(f"web config {path} {exc}") from None
     except OSError as exc:
         raise WebConfigError(f"cannot read web config {path}: {exc.strerror}") from None
     except UnicodeDecodeError:
         raise WebConfigError(f"web config {path} is not UTF-8 text") from None
     except yaml.YAMLError as exc:
         raise WebConfigError(f"web config {path} is not valid YAML: {_one_line(exc)}") from None
+    except RecursionError:  # PyYAML composes nested collections recursively
+        raise WebConfigError(f"web config {path} nests deeper than any setting") from None
     return parse(data, path)
 
 

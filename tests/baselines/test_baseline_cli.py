@@ -152,6 +152,36 @@ def test_record_compare_and_manage_a_baseline_end_to_end(node: Node, tmp_path: P
     assert [x.name for x in B.load(node.training.library.path).baselines] == [b.name]  # type: ignore[union-attr]
 
 
+def library_of(*names: str) -> B.Library:
+    figures = B.Figures(1000.0, 0.5, 0.4, 2.0)
+    key = "NVIDIA H100 80GB HBM3", 1, "bf16", "palm"
+    return B.Library(tuple(B.Baseline(n, B.Key(n, *key), figures) for n in names))
+
+
+def test_a_write_never_goes_where_the_daemon_points_without_being_told(node: Node, tmp_path: Path) -> None:
+    # whoever listens on the daemon's port answers GET /v1/baselines with a path; a root `gpumon baseline
+    # delete` that wrote there would let any local user choose the file root overwrites
+    lib = Path(node.training.library.path)  # type: ignore[union-attr]
+    B.save(str(lib), library_of("kept"))
+    before = lib.read_bytes()
+    other = tmp_path / "import.toml"
+    B.save(str(other), library_of("incoming"))
+    home = tmp_path / "home"
+    env = {"GPUMON_URL": node.url, "HOME": str(home), "XDG_DATA_HOME": str(home)}  # another default
+    for args in (("delete", "kept"), ("import", str(other))):
+        out = run_gpumon("baseline", *args, env=env)
+        lines = out.stderr.strip().splitlines()
+        assert out.returncode == 2 and len(lines) == 1, out.stderr
+        assert f"reads {str(lib)!r}" in lines[0] and "nothing was written" in lines[0], lines[0]
+        assert "--baselines" in lines[0]
+    assert lib.read_bytes() == before and not home.exists()
+    # reading shows the daemon's library, and with --baselines the write goes where it was told
+    listed = run_gpumon("baseline", "list", env=env)
+    assert listed.returncode == 0 and "kept" in listed.stdout
+    assert run_gpumon("baseline", "--baselines", str(lib), "delete", "kept", env=env).returncode == 0
+    assert B.load(str(lib)).baselines == ()
+
+
 @pytest.mark.slow
 def test_mistakes_get_one_line_errors_and_lose_nothing(node: Node, tmp_path: Path) -> None:
     missing = gpumon(node, "record", "--job", "nope")

@@ -371,6 +371,8 @@ CORRUPTIONS: dict[str, tuple[Callable[[Path], None], str]] = {
     "nested": (lambda p: p.write_text("a = " + "[" * 100_000), "not valid TOML"),
     "directory": (lambda p: p.mkdir(), "is a directory"),
     "fifo": (lambda p: os.mkfifo(p), "is not a regular file"),
+    # valid TOML (one comment) that only the size cap refuses: read whole, it cost ~4x its size in RSS
+    "too large": (lambda p: p.write_bytes(b"#" + b"x" * B.MAX_BYTES), "is larger than 16 MiB"),
 }
 
 

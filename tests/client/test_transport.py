@@ -277,3 +277,32 @@ def test_unix_url_names_the_socket_path(tmp_path: Path) -> None:
     transport = Transport("unix://" + path)
     assert transport._socket_path == path
     assert os.path.isabs(transport._socket_path)
+
+
+@pytest.mark.parametrize("garbage", ["status line", "body"])
+def test_a_garbage_reply_reaches_the_log_short_and_printable(garbage: str) -> None:
+    # not a gpumon daemon: 60 KiB of binary with terminal escapes, as a status line (http.client quotes the
+    # whole line in its exception) or as the body of a 400
+    junk = b"\x1b[2J\x1b]0;pwned\x07" + bytes(range(256)) * 240
+    reply = junk + b"\r\n" if garbage == "status line" else (
+        b"HTTP/1.1 400 Bad Request\r\nContent-Length: %d\r\n\r\n%s" % (len(junk), junk)
+    )
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+
+    def serve() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            conn.recv(65536)
+            conn.sendall(reply)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        status, detail = Transport(f"http://127.0.0.1:{listener.getsockname()[1]}").post(b"{}")
+    finally:
+        thread.join(10)
+        listener.close()
+    assert status == (0 if garbage == "status line" else 400)
+    assert len(detail) <= 303 and detail.isprintable() and "\x1b" not in detail, detail

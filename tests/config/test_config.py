@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from support.helpers import run_gpumon
 
 from gpumon.config import ConfigError, Settings, parse_duration, resolve
 
@@ -241,3 +244,26 @@ def test_loopback_hosts(host: str, loopback: bool) -> None:
     from gpumon.web.listen import is_loopback
 
     assert is_loopback(host) is loopback
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda p: p.write_text("interval = " + "[" * 100_000), "nests arrays or tables deeper"),
+        (lambda p: p.write_bytes(b"# " + b"x" * (1 << 20)), "is larger than 1 MiB"),
+        (lambda p: p.mkdir(), "is a directory"),
+        (lambda p: os.mkfifo(p), "is not a regular file"),  # opened without blocking: no writer needed
+        (None, "is not a regular file"),  # /dev/zero: read without end before
+    ],
+    ids=["nested", "too large", "directory", "fifo", "dev-zero"],
+)
+def test_a_config_file_that_is_no_config_stops_startup_with_one_line(
+    tmp_path: Path, make: Callable[[Path], object] | None, message: str
+) -> None:
+    path = Path("/dev/zero") if make is None else tmp_path / "gpumon.toml"
+    if make is not None:
+        make(path)
+    r = run_gpumon("serve", "--simulate", "1xH100-SXM", "--listen", "127.0.0.1:0", "--config", str(path))
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0] and str(path) in lines[0], r.stderr

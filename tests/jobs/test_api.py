@@ -261,3 +261,14 @@ def test_training_series_can_be_selected_by_name(node) -> None:
     r = node.get("/metrics", params={"name[]": ["gpumon_training_tokens_total", "gpumon_gpu_up"]})
     names = {f.name for f in text_string_to_metric_families(r.text)}
     assert names == {"gpumon_training_tokens", "gpumon_gpu_up"}
+
+
+def test_forwarded_headers_never_change_who_the_client_is(daemon, monkeypatch) -> None:
+    # uvicorn trusts X-Forwarded-For from the addresses in FORWARDED_ALLOW_IPS, a variable gpumon never
+    # documents; with "*" a remote report could claim 127.0.0.1. Here a loopback client claims to be remote:
+    # were the header believed, the loopback-only rule would refuse it (403)
+    monkeypatch.setenv("FORWARDED_ALLOW_IPS", "*")
+    d = daemon("--simulate", "1xH100-SXM")
+    forged = {"X-Forwarded-For": "203.0.113.9", "Forwarded": "for=203.0.113.9", "X-Forwarded-Proto": "https"}
+    assert post(d, now_report(1, job="forwarded"), headers=forged).status_code == 204
+    assert [j["job"] for j in d.get("/v1/jobs").json()["jobs"]] == ["forwarded"]

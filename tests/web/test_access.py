@@ -587,6 +587,41 @@ def test_bad_config_stops_startup_with_one_line(
     assert message in r.stderr and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize(
+    ("case", "message"),
+    [
+        ("nested", "nests deeper than any setting"),
+        ("dev-zero", "is not a regular file"),
+        ("too large", "is larger than 1 MiB"),
+        ("cert dev-zero", "/dev/zero is not a regular file"),
+        ("key fifo", "is not a regular file"),
+        ("client CA dev-zero", "/dev/zero is not a regular file"),
+    ],
+)
+def test_a_web_config_or_a_file_it_names_that_is_no_such_file_stops_startup_with_one_line(
+    tmp_path: Path, certs: Certs, case: str, message: str
+) -> None:
+    path = tmp_path / "web.yml"
+    if case == "nested":
+        path.write_text("tls_server_config: " + "[" * 5000 + "]" * 5000)
+    elif case == "dev-zero":
+        path = Path("/dev/zero")
+    elif case == "too large":
+        path.write_text("# " + "x" * (1 << 20))
+    elif case == "cert dev-zero":
+        write(path, {"tls_server_config": tls_section(certs, cert_file="/dev/zero")})
+    elif case == "key fifo":
+        os.mkfifo(tmp_path / "key.pem")  # opened without blocking: no writer needed
+        write(path, {"tls_server_config": tls_section(certs, key_file=str(tmp_path / "key.pem"))})
+    else:
+        tls = tls_section(certs, client_auth_type="RequireAndVerifyClientCert", client_ca_file="/dev/zero")
+        write(path, {"tls_server_config": tls})
+    r = run_gpumon("serve", "--simulate", "1xH100-SXM", "--listen", "127.0.0.1:0", "--web-config", str(path))
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0] and "Traceback" not in r.stderr, r.stderr
+
+
 def test_mismatched_key_stops_startup(tmp_path: Path, certs: Certs) -> None:
     path = write(
         tmp_path / "web.yml", {"tls_server_config": tls_section(certs, key_file=str(certs.stranger_key))}
