@@ -40,5 +40,13 @@ def read_bounded(path: str, limit: int) -> bytes:
         os.close(fd)
 
 
+def read_text(path: str, limit: int) -> str:
+    """``read_bounded``, decoded as UTF-8; a file that is not UTF-8 text is NotAFile too."""
+    try:
+        return read_bounded(path, limit).decode("utf-8")
+    except UnicodeDecodeError:
+        raise NotAFile("is not UTF-8 text") from None
+
+
 def _size(n: int) -> str:
     return f"{n // MiB} MiB" if n % MiB == 0 else f"{n} bytes"

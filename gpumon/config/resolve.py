@@ -30,7 +30,7 @@ from gpumon.config.settings import (
     parse_duration,
     text_setting,
 )
-from gpumon.files import MiB, NotAFile, read_bounded
+from gpumon.files import MiB, NotAFile, read_text
 from gpumon.web.listen import ListenError, parse_listen
 
 MAX_FILE_BYTES = MiB  # a config file is a few hundred bytes; /dev/zero is not one
@@ -42,15 +42,13 @@ def _env_name(key: str) -> str:
 
 def load_file(path: str) -> dict[str, Any]:
     try:
-        data = tomllib.loads(read_bounded(path, MAX_FILE_BYTES).decode("utf-8"))
-    except NotAFile as exc:
+        data = tomllib.loads(read_text(path, MAX_FILE_BYTES))
+    except NotAFile as exc:  # a directory, a device, too large, not UTF-8
         raise ConfigError(f"config file {path} {exc}") from None
     except OSError as exc:
         raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
-    except UnicodeDecodeError:
-        raise ConfigError(f"config file {path} is not UTF-8 text") from None
     except RecursionError:  # tomllib recurses per nested array or inline table
         raise ConfigError(f"config file {path} nests arrays or tables deeper than any setting") from None
     known = {f.name for f in fields(Settings)}

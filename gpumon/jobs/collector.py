@@ -45,12 +45,15 @@ class IngestStats:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.counts = dict.fromkeys(OUTCOMES, 0)
-        self.total = 0  # every report counted so far: what changes when the job store may have
 
     def count(self, outcome: str) -> None:
         with self._lock:
             self.counts[outcome] += 1
-            self.total += 1
+
+    @property
+    def total(self) -> int:
+        """Every report counted so far: it changes whenever the job store may have."""
+        return sum(self.counts.values())
 
 
 Family = GaugeMetricFamily | CounterMetricFamily | HistogramMetricFamily

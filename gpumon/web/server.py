@@ -94,7 +94,6 @@ def create_app(
         return (source(), None if training is None else training.state())
 
     scrapes = ScrapeCache(collect, state, max_age=max_age)
-    app.state.scrapes = scrapes
 
     @app.get(
         "/metrics",

@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 
 from gpumon.config.settings import ConfigError
-from gpumon.files import MiB, NotAFile, read_bounded
+from gpumon.files import MiB, NotAFile, read_text
 
 MAX_FILE_BYTES = MiB  # the web config, and each certificate, key and CA file it names
 
@@ -131,13 +131,11 @@ class WebConfigError(ConfigError):
 
 def load(path: str) -> WebConfig:
     try:
-        data = yaml.safe_load(read_bounded(path, MAX_FILE_BYTES).decode("utf-8"))
-    except NotAFile as exc:
+        data = yaml.safe_load(read_text(path, MAX_FILE_BYTES))
+    except NotAFile as exc:  # a directory, a device, too large, not UTF-8
         raise WebConfigError(f"web config {path} {exc}") from None
     except OSError as exc:
         raise WebConfigError(f"cannot read web config {path}: {exc.strerror}") from None
-    except UnicodeDecodeError:
-        raise WebConfigError(f"web config {path} is not UTF-8 text") from None
     except yaml.YAMLError as exc:
         raise WebConfigError(f"web config {path} is not valid YAML: {_one_line(exc)}") from None
     except RecursionError:  # PyYAML composes nested collections recursively
