@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     import uvicorn
 
     from gpumon.gpu.sim.ranks import SimTraining
+    from gpumon.web.connections import Gate
     from gpumon.web.guard import Guard
 
 log = logging.getLogger("gpumon")
@@ -49,6 +50,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--node-name",
         metavar="NAME",
         help="this node's name in gpumon_node_info{node} (default: the host name; Kubernetes: spec.nodeName)",
+    )
+    c = p.add_argument_group("connections (docs/reliability.md)")
+    c.add_argument(
+        "--header-timeout",
+        metavar="DURATION",
+        help="close a connection whose request headers take longer (10s)",
+    )
+    c.add_argument(
+        "--request-timeout",
+        metavar="DURATION",
+        help="close a connection whose whole request takes longer (30s)",
+    )
+    c.add_argument(
+        "--max-connections",
+        metavar="N",
+        help="open connections at most; past it the newest idle one is closed (1024, and below the fd limit)",
     )
     t = p.add_argument_group("training telemetry (docs/training.md)")
     t.add_argument(
@@ -118,6 +135,7 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
     def source() -> Snapshot | None:
         return sampler.snapshot
 
+    gate = _gate(settings)
     training = from_settings(settings, source) if settings.ingest else None
     if training is not None:
         sampler.listeners.append(training.observe)  # GPU windows get every sweep, job history every 10 s
@@ -131,6 +149,8 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
         node=settings.node_name or node_hostname(),
         guard=guard,
         max_age=settings.interval,
+        connections=gate,
+        fresh=sampler.fresh,
     )
     sampler.start()
     host, port = sock.getsockname()[:2]
@@ -171,14 +191,14 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
         log.warning(
             'these are SIMULATED GPUs: every number served is made up (gpumon_build_info{backend="sim"})'
         )
-    config = _uvicorn_config(app)
+    config = _uvicorn_config(app, gate)
     config.ssl = guard.ssl_context if guard is not None else None  # TCP only: see _server
     sim_training = _sim_training(sampler, settings, sock)
     # uvicorn handles SIGTERM while serving, then restores the previous handler and raises the signal again;
     # with the default handler that would kill the process before the sampler and NVML are shut down
     previous = signal.signal(signal.SIGTERM, _stop_requested)
     try:
-        _server(config, sim_training, guard).run(sockets=sockets)
+        _server(config, gate, sim_training, guard).run(sockets=sockets)
     finally:
         signal.signal(signal.SIGTERM, previous)
         if sim_training is not None:
@@ -233,8 +253,26 @@ def _sim_training(sampler: Sampler, settings: Settings, sock: socket.socket) -> 
     return SimTraining(sim, url, settings.ingest_token)
 
 
-def _uvicorn_config(app: Any) -> uvicorn.Config:
+def _gate(settings: Settings) -> Gate:
+    from gpumon.web.connections import Gate, Limits, connection_cap, raise_fd_limit
+
+    fds = raise_fd_limit()
+    cap = connection_cap(settings.max_connections, fds)
+    if cap < settings.max_connections:
+        log.info(
+            "at most %d open connections (--max-connections %d lowered: the fd limit is %d; raise it with "
+            "LimitNOFILE=, ulimit -n or the container runtime)",
+            cap,
+            settings.max_connections,
+            fds,
+        )
+    return Gate(Limits(settings.header_timeout, settings.request_timeout, max_connections=cap))
+
+
+def _uvicorn_config(app: Any, gate: Gate) -> uvicorn.Config:
     import uvicorn  # here, not at module level: snapshot and doctor do not need the web stack
+
+    from gpumon.web.connections import guarded
 
     # proxy_headers off whatever FORWARDED_ALLOW_IPS says: uvicorn would otherwise let X-Forwarded-For rewrite
     # the client's address, and a remote report could then claim to be from loopback and pass the ingest rule
@@ -245,18 +283,23 @@ def _uvicorn_config(app: Any) -> uvicorn.Config:
         lifespan="off",
         timeout_graceful_shutdown=3,
         proxy_headers=False,
+        timeout_keep_alive=gate.limits.keep_alive,  # type: ignore[arg-type]  # a float works; int is its hint
     )
     config.load()
+    # deadlines and the connection cap (connections.py); one gate for the TCP and unix listeners alike
+    config.http_protocol_class = guarded(config.http_protocol_class, gate)
     return config
 
 
-def _server(config: uvicorn.Config, sim_training: SimTraining | None, guard: Guard | None) -> uvicorn.Server:
+def _server(
+    config: uvicorn.Config, gate: Gate, sim_training: SimTraining | None, guard: Guard | None
+) -> uvicorn.Server:
     """A uvicorn server that starts the simulated ranks once it accepts their reports, and closes them (their
     final reports included) while it still does."""
     import uvicorn
 
     # the same app and settings on the unix socket, with its requests marked as such (listen.py)
-    unix_config = _uvicorn_config(MarkUnixSocket(config.app))
+    unix_config = _uvicorn_config(MarkUnixSocket(config.app), gate)
 
     class Server(uvicorn.Server):
         async def startup(self, sockets: list[socket.socket] | None = None) -> None:

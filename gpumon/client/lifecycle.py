@@ -33,6 +33,7 @@ class Reporter(Protocol):
 
     def _forked(self) -> None: ...
 
+
 # for all live Reporters together: interpreter exit must not hang on a dead or slow daemon
 AT_EXIT_TIMEOUT = 2.0
 # weak, so a Reporter a program drops is collected rather than kept; its thread then sends its final report

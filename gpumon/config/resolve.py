@@ -148,6 +148,16 @@ def _validate_training(raw: Mapping[str, Any], s: Settings) -> None:
     for key in ("rank_ttl", "rate_window"):
         if key in raw:
             setattr(s, key, parse_duration(raw[key], key.replace("_", "-")))
+    for key in ("header_timeout", "request_timeout"):
+        if key in raw:
+            setattr(s, key, parse_duration(raw[key], key.replace("_", "-")))
+    if s.request_timeout < s.header_timeout:
+        raise ConfigError(
+            f"request-timeout ({s.request_timeout:g}s) must not be shorter than header-timeout "
+            f"({s.header_timeout:g}s): a request's headers are part of it"
+        )
+    if "max_connections" in raw:
+        s.max_connections = _count(raw, "max_connections", 1_000_000)
     if "max_jobs" in raw:
         s.max_jobs = _count(raw, "max_jobs", 10_000)
     if "max_ranks" in raw:

@@ -72,6 +72,10 @@ class Settings:
     baselines: str = field(default_factory=lambda: default_baselines_path())  # the baseline library file
     node_name: str | None = None  # gpumon_node_info{node}; default: the host name
     web_config: str | None = None  # exporter-toolkit web-config.yml: TLS, basic auth (gpumon/web/)
+    # connection hygiene (gpumon/web/connections.py)
+    header_timeout: float = 10.0  # a request's line and headers must arrive within this
+    request_timeout: float = 30.0  # a whole request (headers and body) must arrive within this
+    max_connections: int = 1024  # open HTTP connections at most (lowered to fit the fd limit)
 
     @property
     def deadline(self) -> float:

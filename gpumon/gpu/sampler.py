@@ -241,6 +241,11 @@ class Sampler:
             return False
         return time.monotonic() - self.last_sweep_monotonic < max(10.0, 5 * self.interval)
 
+    def fresh(self) -> bool:
+        """A sweep finished within three intervals (what /readyz reports): stricter than alive(), so that a
+        node whose readings have gone stale leaves the scrape targets' ready set before it is restarted."""
+        return time.monotonic() - self.last_sweep_monotonic < max(3.0, 3 * self.interval)
+
     def gpu_count(self) -> int:
         return len(self._workers)
 

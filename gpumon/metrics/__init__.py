@@ -25,7 +25,9 @@ from gpumon.metrics.baselines import *  # noqa: F403
 GPU_SCALARS = tuple(m for m in REGISTRY if m.field is not None)
 # the two flows' halves of the registry: each collector describes and builds only its own
 TRAINING_FLOW = tuple(m for m in REGISTRY if m.name.startswith(("gpumon_training_", "gpumon_ingest_")))
-GPU_FLOW = tuple(m for m in REGISTRY if m not in TRAINING_FLOW)
+# the listener's own connections (gpumon.web.connections), counted apart from both flows
+SERVING = tuple(m for m in REGISTRY if m.name.startswith("gpumon_http_"))
+GPU_FLOW = tuple(m for m in REGISTRY if m not in TRAINING_FLOW and m not in SERVING)
 BY_NAME = {m.name: m for m in REGISTRY}
 
 __all__ = [
@@ -35,6 +37,7 @@ __all__ = [
     "GPU_SCALARS",
     "PROCESS_METRICS",
     "REGISTRY",
+    "SERVING",
     "TRAINING_FLOW",
     "Metric",
     "render_markdown",

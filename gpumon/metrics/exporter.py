@@ -65,3 +65,24 @@ ERRORS = metric(
     "(an NVML error name, deadline_exceeded for a call that hung past its deadline, or exception).",
     ("gpu", "uuid", "op", "error"),
 )
+HTTP_CONNECTIONS = metric(
+    "gpumon_http_connections",
+    "gauge",
+    "HTTP connections open now, on the TCP listener and the unix ingest socket together.",
+    (),
+)
+HTTP_CONNECTIONS_LIMIT = metric(
+    "gpumon_http_connections_limit",
+    "gauge",
+    "Open connections allowed (--max-connections, lowered to leave the daemon file descriptors of its own); "
+    "past it the newest idle connection is closed.",
+    (),
+)
+HTTP_CONNECTIONS_CLOSED = metric(
+    "gpumon_http_connections_closed_total",
+    "counter",
+    "Connections the daemon closed by force: header_timeout (request headers not in within "
+    "--header-timeout), request_timeout (the whole request not in within --request-timeout), shed (idle, "
+    "closed to make room at the connection limit).",
+    ("reason",),
+)

@@ -20,6 +20,7 @@ from gpumon.gpu.snapshot import Snapshot, snapshot_json
 from gpumon.jobs.api import Ingest, Reason
 from gpumon.jobs.api import router as training_router
 from gpumon.jobs.service import Training
+from gpumon.web.connections import Gate
 from gpumon.web.guard import Access, Guard
 from gpumon.web.scrape import Format, ScrapeCache
 
@@ -34,9 +35,12 @@ def build_registry(
     compat: str | None = None,
     training: Training | None = None,
     node: str | None = None,
+    connections: Gate | None = None,
 ) -> CollectorRegistry:
     registry = CollectorRegistry()
     registry.register(SnapshotCollector(source, owner_labels=owner_labels, node=node))
+    if connections is not None:
+        registry.register(connections)
     if training is not None:
         registry.register(training.collector())
     if compat == "dcgm":  # dcgm-exporter's names beside ours, for dashboards built on them
@@ -76,10 +80,20 @@ def create_app(
     node: str | None = None,
     guard: Guard | None = None,
     max_age: float = 1.0,
+    connections: Gate | None = None,
+    fresh: Callable[[], bool] = lambda: True,
 ) -> FastAPI:
     """``max_age``: how long a render may be reused while nothing it reads has changed (the sample
-    interval: what changes with time alone is then as fresh as the GPU series)."""
-    registry = build_registry(source, owner_labels=owner_labels, compat=compat, training=training, node=node)
+    interval: what changes with time alone is then as fresh as the GPU series). ``fresh``: whether the
+    latest sample is recent (/readyz)."""
+    registry = build_registry(
+        source,
+        owner_labels=owner_labels,
+        compat=compat,
+        training=training,
+        node=node,
+        connections=connections,
+    )
     app = FastAPI(title="gpumon", version=__version__, docs_url=None, redoc_url=None)
     if training is not None:
         app.include_router(training_router(training.analysis, training.library, training.history))
@@ -117,7 +131,7 @@ def create_app(
         summary="Liveness: the sampler is running",
         responses={503: {"description": "The sampler stalled", "content": {"text/plain": {}}}},
     )
-    def healthz() -> Response:
+    async def healthz() -> Response:  # async: answered on the loop, never queued for a worker thread
         if alive():
             return PlainTextResponse("ok\n")
         return PlainTextResponse("sampler stalled: no sweep completed recently\n", status_code=503)
@@ -125,12 +139,14 @@ def create_app(
     @app.get(
         "/readyz",
         response_class=PlainTextResponse,
-        summary="Readiness: the first sample exists",
-        responses={503: {"description": "No sample yet", "content": {"text/plain": {}}}},
+        summary="Readiness: a recent sample exists",
+        responses={503: {"description": "No sample yet, or none recent", "content": {"text/plain": {}}}},
     )
-    def readyz() -> Response:
+    async def readyz() -> Response:
         if source() is None:
             return PlainTextResponse("not ready: waiting for the first sample\n", status_code=503)
+        if not fresh():
+            return PlainTextResponse("not ready: no sample in the last three intervals\n", status_code=503)
         return PlainTextResponse("ready\n")
 
     @app.get(

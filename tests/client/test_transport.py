@@ -284,8 +284,10 @@ def test_a_garbage_reply_reaches_the_log_short_and_printable(garbage: str) -> No
     # not a gpumon daemon: 60 KiB of binary with terminal escapes, as a status line (http.client quotes the
     # whole line in its exception) or as the body of a 400
     junk = b"\x1b[2J\x1b]0;pwned\x07" + bytes(range(256)) * 240
-    reply = junk + b"\r\n" if garbage == "status line" else (
-        b"HTTP/1.1 400 Bad Request\r\nContent-Length: %d\r\n\r\n%s" % (len(junk), junk)
+    reply = (
+        junk + b"\r\n"
+        if garbage == "status line"
+        else (b"HTTP/1.1 400 Bad Request\r\nContent-Length: %d\r\n\r\n%s" % (len(junk), junk))
     )
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))

@@ -238,6 +238,8 @@ def test_hardening_directives_are_present() -> None:
         "RuntimeDirectory": "gpumon",
         "Restart": "on-failure",
         "RestartPreventExitStatus": "2",
+        # soft and hard: the filter below refuses setrlimit (@resources), so gpumon cannot raise it itself
+        "LimitNOFILE": "65536",
     }
     for key, value in expected.items():
         assert single(s, key) == value, f"{key}={single(s, key)!r}, expected {value!r}"

@@ -25,15 +25,18 @@ from gpumon.gpu.snapshot import CollectorStatus
 from gpumon.gpu.types import MigReading, ProfilingReading
 from gpumon.host import HostReading
 from gpumon.jobs.collector import TrainingCollector
+from gpumon.web.connections import Gate, Limits
 
 GOLDEN = Path(__file__).parent / "golden" / "metrics.prom"
 
 
-def exposition(snap, training: TrainingCollector | None = None) -> str:
+def exposition(snap, training: TrainingCollector | None = None, *, serving: Gate | None = None) -> str:
     registry = CollectorRegistry()
     registry.register(SnapshotCollector(lambda: snap, node="node-1"))
     if training is not None:
         registry.register(training)
+    if serving is not None:
+        registry.register(serving)
     return generate_latest(registry).decode()
 
 
@@ -117,7 +120,8 @@ def test_golden_exposition(mixed_node, monkeypatch) -> None:
 
 def test_every_registered_metric_is_served_and_nothing_else(mixed_node) -> None:
     snap = pinned(mixed_node)
-    served = {f.name for f in text_string_to_metric_families(exposition(snap, jobs(snap)))}
+    text = exposition(snap, jobs(snap), serving=Gate(Limits()))
+    served = {f.name for f in text_string_to_metric_families(text)}
     registered = {m.name.removesuffix("_total") if m.type == "counter" else m.name for m in M.REGISTRY}
     assert registered - served == set(), "registered but never served"
     assert served - registered == set(), "served but not in gpumon/metrics/"

@@ -6,6 +6,7 @@ import contextlib
 import importlib
 import os
 import re
+import resource
 import shutil
 import signal
 import socket
@@ -93,16 +94,23 @@ class Daemon:
 
 
 def start_daemon(
-    *args: str, ready: bool = True, log_file: Path | None = None, tree: Path = ROOT
+    *args: str, ready: bool = True, log_file: Path | None = None, tree: Path = ROOT, nofile: int | None = None
 ) -> Daemon:
     """``gpumon serve`` as a real subprocess on an ephemeral loopback port (its output also in log_file);
-    ``tree``: the checkout whose gpumon runs (python -m imports from its working directory first)."""
+    ``tree``: the checkout whose gpumon runs (python -m imports from its working directory first);
+    ``nofile``: its file descriptor limit, soft and hard (as a systemd unit's LimitNOFILE= sets it)."""
+
+    def limit() -> None:
+        if nofile is not None:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
+
     proc = subprocess.Popen(
         gpumon_cmd("serve", "--listen", "127.0.0.1:0", *args),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
         cwd=tree,
+        preexec_fn=limit if nofile is not None else None,
     )
     log: list[str] = []
     found = threading.Event()

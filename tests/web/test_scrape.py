@@ -108,7 +108,7 @@ def test_scrapers_arriving_during_a_render_after_a_change_share_the_next_one() -
         old = await first
         bodies = await asyncio.gather(*late)
         assert len(set(bodies)) == 1 and bodies[0] != old
-        assert b"gpumon_test_version{n=\"2\"} 1.0" in bodies[0]
+        assert b'gpumon_test_version{n="2"} 1.0' in bodies[0]
         assert cache.made == 2  # 17 scrapers, two renders
 
     run(scenario())

@@ -16,7 +16,6 @@ from gpumon.gpu.sim.device import SimGpu, SimMigDevice
 MAX_MIG_DEVICES = 7
 
 
-
 class SimMig:
     """The MIG half of SimNvml."""
 

@@ -1,0 +1,329 @@
+"""Connection hygiene: header and request deadlines, keep-alive timeout, connection cap, fd limit, probes."""
+
+from __future__ import annotations
+
+import http.client
+import re
+import resource
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from urllib.parse import urlsplit
+
+import httpx
+import pytest
+from support.helpers import Daemon, start_daemon
+
+from gpumon.config import ConfigError, resolve
+from gpumon.web.connections import FD_RESERVE, Gate, Limits, connection_cap
+
+# --- the gate, alone ------------------------------------------------------------------------------
+
+
+class FakeConn:
+    def __init__(self, name: str, *, idle: bool = True) -> None:
+        self.name, self._idle, self.dropped = name, idle, ""
+
+    def idle(self) -> bool:
+        return self._idle
+
+    def closing(self) -> bool:
+        return bool(self.dropped)
+
+    def drop(self, reason: str) -> None:
+        self.dropped = reason
+        gate.dropped(self, reason)
+
+
+gate = Gate(Limits(max_connections=3))
+
+
+@pytest.fixture(autouse=True)
+def fresh_gate() -> Iterator[None]:
+    global gate
+    gate = Gate(Limits(max_connections=3))
+    yield
+
+
+def test_past_the_cap_the_newest_idle_connection_is_shed_not_the_newcomer() -> None:
+    old, busy, new = FakeConn("old"), FakeConn("busy", idle=False), FakeConn("new")
+    for c in (old, busy, new):
+        gate.admit(c)
+    comer = FakeConn("comer")
+    gate.admit(comer)
+    assert (old.dropped, busy.dropped, new.dropped, comer.dropped) == ("", "", "shed", "")
+    assert gate.open == 3 and gate.closed["shed"] == 1
+
+
+def test_with_every_other_connection_busy_the_newcomer_is_turned_away() -> None:
+    conns = [FakeConn(str(i), idle=False) for i in range(3)]
+    for c in conns:
+        gate.admit(c)
+    comer = FakeConn("comer")
+    gate.admit(comer)
+    assert comer.dropped == "shed" and not any(c.dropped for c in conns)
+    assert gate.open == 3
+
+
+def test_the_cap_leaves_the_daemon_fds_of_its_own() -> None:
+    assert connection_cap(1024, 1024) == 1024 - FD_RESERVE
+    assert connection_cap(1024, 65536) == 1024
+    assert connection_cap(100, 200) == 1  # never zero: one connection is always allowed
+
+
+def test_the_settings_are_checked() -> None:
+    s = resolve({"header_timeout": "2s", "request_timeout": "5s", "max_connections": "64"}, env={})
+    assert (s.header_timeout, s.request_timeout, s.max_connections) == (2.0, 5.0, 64)
+    with pytest.raises(ConfigError, match="must not be shorter than header-timeout"):
+        resolve({"header_timeout": "20s", "request_timeout": "5s"}, env={})
+    with pytest.raises(ConfigError, match="max-connections: expected a whole number"):
+        resolve({"max_connections": "0"}, env={})
+
+
+def test_the_soft_fd_limit_is_raised_to_the_hard_one() -> None:
+    code = (
+        "import resource; from gpumon.web.connections import raise_fd_limit; "
+        "print(raise_fd_limit(), resource.getrlimit(resource.RLIMIT_NOFILE)[0])"
+    )
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    want = min(hard, 4096) if hard != resource.RLIM_INFINITY else 4096
+
+    def lower() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, want))
+
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, preexec_fn=lower)
+    assert out.stdout.split() == [str(want), str(want)], out.stderr
+
+
+# --- a real daemon --------------------------------------------------------------------------------
+
+
+def _addr(d: Daemon) -> tuple[str, int]:
+    u = urlsplit(d.url)
+    assert u.hostname is not None and u.port is not None
+    return u.hostname, u.port
+
+
+def _closed_by_peer(sock: socket.socket, within: float) -> float | None:
+    """Seconds until the peer closed ``sock`` (EOF or reset), or None if it stayed open ``within``."""
+    start = time.monotonic()
+    sock.settimeout(within)
+    try:
+        while True:
+            if not sock.recv(65536):
+                return time.monotonic() - start
+    except (ConnectionResetError, BrokenPipeError):
+        return time.monotonic() - start
+    except TimeoutError:
+        return None
+
+
+def _closed_total(d: Daemon, reason: str, *, at_least: float = 0.0) -> float:
+    """The daemon's count, waited for up to a few sample intervals (a scrape may reuse a render for one)."""
+    end = time.monotonic() + 5.0
+    while True:
+        text = d.get("/metrics", params={"name[]": "gpumon_http_connections_closed_total"}).text
+        m = re.search(rf'gpumon_http_connections_closed_total\{{reason="{reason}"\}} (\S+)', text)
+        assert m, text
+        if float(m.group(1)) >= at_least or time.monotonic() > end:
+            return float(m.group(1))
+        time.sleep(0.2)
+
+
+@pytest.fixture(scope="module")
+def short() -> Iterator[Daemon]:
+    d = start_daemon("--simulate", "2xH100-SXM", "--header-timeout", "1s", "--request-timeout", "2s")
+    yield d
+    d.stop()
+
+
+def test_a_connection_that_sends_nothing_is_closed_at_the_header_deadline(short: Daemon) -> None:
+    with socket.create_connection(_addr(short)) as sock:
+        took = _closed_by_peer(sock, within=5.0)
+    assert took is not None and 0.8 <= took <= 2.5
+    assert _closed_total(short, "header_timeout", at_least=1) >= 1
+
+
+def test_headers_sent_a_byte_at_a_time_do_not_hold_the_connection(short: Daemon) -> None:
+    with socket.create_connection(_addr(short)) as sock:
+        sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
+        start = time.monotonic()
+        closed = False
+        while time.monotonic() - start < 5.0:
+            try:
+                sock.sendall(b"X")  # keeps the connection busy, never completes a header
+            except OSError:
+                closed = True
+                break
+            if _closed_by_peer(sock, within=0.3) is not None:
+                closed = True
+                break
+        took = time.monotonic() - start
+    assert closed and took <= 2.5
+
+
+def test_a_body_sent_a_byte_at_a_time_is_cut_at_the_request_deadline(short: Daemon) -> None:
+    before = _closed_total(short, "request_timeout")
+    with socket.create_connection(_addr(short)) as sock:
+        # the report's own body deadline (5 s, a 408) is longer than this daemon's request deadline
+        sock.sendall(b"POST /v1/report HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n")
+        start = time.monotonic()
+        closed = False
+        while time.monotonic() - start < 6.0:
+            try:
+                sock.sendall(b"x")
+            except OSError:
+                closed = True
+                break
+            try:
+                sock.settimeout(0.3)
+                if sock.recv(65536) == b"":
+                    closed = True
+                    break
+            except TimeoutError:
+                pass
+            except ConnectionResetError:
+                closed = True
+                break
+        took = time.monotonic() - start
+    assert closed and 1.8 <= took <= 3.5
+    assert _closed_total(short, "request_timeout", at_least=before + 1) == before + 1
+
+
+def test_a_keep_alive_client_is_not_cut_by_deadlines_that_its_requests_meet(short: Daemon) -> None:
+    conn = http.client.HTTPConnection(*_addr(short), timeout=5)
+    try:
+        start = time.monotonic()
+        served = 0
+        while time.monotonic() - start < 3.0:  # three header deadlines, one connection
+            conn.request("GET", "/healthz")
+            resp = conn.getresponse()
+            assert resp.status == 200 and resp.read() == b"ok\n"
+            served += 1
+            time.sleep(0.4)
+        assert served >= 6
+        assert conn.sock is not None  # still the same connection: http.client reconnects only after a close
+    finally:
+        conn.close()
+
+
+def test_a_silent_keep_alive_connection_is_closed_after_its_timeout(short: Daemon) -> None:
+    with socket.create_connection(_addr(short)) as sock:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        sock.settimeout(5)
+        assert sock.recv(65536).startswith(b"HTTP/1.1 200")
+        took = _closed_by_peer(sock, within=10.0)
+    # at the header deadline (1 s), which is shorter than the keep-alive timeout (5 s) here
+    assert took is not None and took <= 2.5
+
+
+def test_the_connection_series_are_exposed(short: Daemon) -> None:
+    text = short.get("/metrics").text
+    assert re.search(r"^gpumon_http_connections [1-9]", text, re.M)
+    assert re.search(r"^gpumon_http_connections_limit \d+", text, re.M)
+    for reason in ("header_timeout", "request_timeout", "shed"):
+        assert f'gpumon_http_connections_closed_total{{reason="{reason}"}}' in text
+
+
+@pytest.mark.slow
+def test_slowloris_1100_idle_sockets_against_a_1024_fd_daemon() -> None:
+    """The issue's attack: more idle connections than the daemon has fds. Probes and scrapes still answer, no
+    accept fails for want of an fd, and every idle socket is closed within the header deadline."""
+    d = start_daemon("--simulate", "8xH100-SXM", "--header-timeout", "3s", nofile=1024)
+    socks: list[socket.socket] = []
+    try:
+        addr = _addr(d)
+        opened = time.monotonic()
+        for _ in range(1100):
+            s = socket.socket()
+            s.setblocking(False)
+            s.connect_ex(addr)  # in progress, or queued in the listen backlog
+            socks.append(s)
+        time.sleep(0.5)
+        with httpx.Client(base_url=d.url, timeout=5.0) as c:
+            for _ in range(10):
+                assert c.get("/healthz").status_code == 200
+                r = c.get("/metrics")
+                assert r.status_code == 200 and "gpumon_gpu_up" in r.text
+                assert c.get("/readyz").status_code == 200
+        # every idle socket is closed by the daemon (shed, or at its header deadline)
+        pending = set(socks)
+        while pending and time.monotonic() - opened < 3.0 + 5.0:
+            for s in list(pending):
+                try:
+                    data = s.recv(1)
+                except BlockingIOError:
+                    continue
+                except OSError:
+                    data = b""
+                if data == b"":
+                    pending.discard(s)
+            time.sleep(0.1)
+        assert not pending, f"{len(pending)} idle sockets still open after {time.monotonic() - opened:.1f} s"
+        shed = _closed_total(d, "shed", at_least=1100 - connection_cap(1024, 1024))
+        timed_out = _closed_total(d, "header_timeout", at_least=1100 - shed)
+        assert shed + timed_out >= 1100 and shed >= 1100 - connection_cap(1024, 1024)
+        text = d.get("/metrics", params={"name[]": "gpumon_http_connections_limit"}).text
+        assert f"gpumon_http_connections_limit {float(1024 - FD_RESERVE)}" in text
+        log = "\n".join(d.log)
+        assert "Too many open files" not in log and "out of system resource" not in log, log
+    finally:
+        for s in socks:
+            s.close()
+        d.stop()
+
+
+# --- probes ---------------------------------------------------------------------------------------
+
+
+def test_readiness_needs_a_recent_sample_and_liveness_a_recent_sweep(sims, samplers) -> None:
+    sampler = samplers(sims("1xH100-SXM"), interval=1.0)
+    sampler.start()
+    end = time.monotonic() + 10
+    while sampler.snapshot is None and time.monotonic() < end:
+        time.sleep(0.05)
+    assert sampler.fresh() and sampler.alive()
+    sampler._stop.set()  # the sweeps stop; the thread's last sweep ages
+    sampler._thread.join(5)
+    sampler.last_sweep_monotonic = time.monotonic() - 4.0
+    assert not sampler.fresh()  # past three intervals (3 s here)
+
+
+def test_probes_answer_from_the_loop_with_the_samplers_state() -> None:
+    import threading
+
+    import uvicorn
+
+    from gpumon.web.listen import bind
+    from gpumon.web.server import create_app
+
+    state = {"alive": True, "fresh": True}
+    snap = object()
+    app = create_app(
+        lambda: snap,  # type: ignore[arg-type,return-value]
+        lambda: state["alive"],
+        backend="sim",
+        fresh=lambda: state["fresh"],
+    )
+    sock = bind("127.0.0.1:0")
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{sock.getsockname()[1]}", timeout=5) as c:
+            end = time.monotonic() + 10
+            while not server.started and time.monotonic() < end:
+                time.sleep(0.02)
+            assert c.get("/readyz").text == "ready\n" and c.get("/healthz").text == "ok\n"
+            state["fresh"] = False
+            r = c.get("/readyz")
+            assert r.status_code == 503 and "no sample in the last three intervals" in r.text
+            assert c.get("/healthz").status_code == 200  # stale is not dead: no restart for it
+            state["alive"] = False
+            assert c.get("/healthz").status_code == 503
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        sock.close()
