@@ -10,6 +10,7 @@ import contextlib
 import http.client
 import json
 import logging
+import math
 import os
 import random
 import socket
@@ -33,7 +34,98 @@ MAX_BACKOFF = 30.0
 MAX_REJECTION_LOGS = 8
 
 
-class UnixHTTPConnection(http.client.HTTPConnection):
+class _Deadline:
+    """A socket whose every send and receive waits at most until ``deadline`` (time.monotonic()). A plain
+    socket timeout bounds each call alone, so a daemon that trickles its reply a byte a second would hold a
+    report for good; this bounds the report: connect, send and read together."""
+
+    deadline = math.inf
+
+    def _arm(self) -> None:
+        if self.deadline == math.inf:  # used outside Transport.post: the socket's own timeout applies
+            return
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise socket.timeout("timed out: no answer within the report's deadline")  # noqa: UP041 (3.9)
+        self.settimeout(left)  # type: ignore[attr-defined]
+
+    def recv_into(self, *args: Any, **kwargs: Any) -> int:
+        self._arm()
+        return super().recv_into(*args, **kwargs)  # type: ignore[misc]
+
+    def recv(self, *args: Any, **kwargs: Any) -> bytes:
+        self._arm()
+        return super().recv(*args, **kwargs)  # type: ignore[misc]
+
+    def send(self, *args: Any, **kwargs: Any) -> int:
+        self._arm()
+        return super().send(*args, **kwargs)  # type: ignore[misc]
+
+    def sendall(self, *args: Any, **kwargs: Any) -> None:
+        self._arm()  # since Python 3.5 a sendall's timeout is its whole duration
+        return super().sendall(*args, **kwargs)  # type: ignore[misc]
+
+
+class _DeadlineSocket(_Deadline, socket.socket):
+    pass
+
+
+def _adopt(sock: socket.socket, deadline: float) -> _DeadlineSocket:
+    """``sock``'s connection as a _DeadlineSocket (the same file descriptor)."""
+    timeout = sock.gettimeout()
+    adopted = _DeadlineSocket(sock.family, sock.type, sock.proto, fileno=sock.detach())
+    adopted.settimeout(timeout)
+    adopted.deadline = deadline
+    return adopted
+
+
+class _DeadlineConnection(http.client.HTTPConnection):
+    """An HTTP connection whose socket keeps the deadline of the report in flight (``deadline``)."""
+
+    deadline = math.inf
+
+    def _left(self) -> float | None:
+        if self.deadline == math.inf:  # used outside Transport.post (the CLI's daemon client)
+            return self.timeout  # type: ignore[no-any-return]
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise socket.timeout("timed out: no answer within the report's deadline")  # noqa: UP041 (3.9)
+        return left
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._create_connection = self._connect_by_deadline  # an instance attribute in http.client
+
+    def _connect_by_deadline(self, address: Any, timeout: Any = None, source: Any = None) -> socket.socket:
+        # connecting takes its share of the deadline, and a TLS handshake after it only what is left
+        sock = socket.create_connection(address, self._left(), source)
+        return _adopt(sock, self.deadline)
+
+    def set_deadline(self, deadline: float) -> None:
+        self.deadline = deadline
+        if isinstance(self.sock, _Deadline):
+            self.sock.deadline = deadline
+
+
+class _HTTPSConnection(_DeadlineConnection, http.client.HTTPSConnection):
+    def connect(self) -> None:
+        super().connect()
+        if isinstance(self.sock, _Deadline):  # the TLS socket made by the context's sslsocket_class
+            self.sock.deadline = self.deadline
+
+
+def _tls_context() -> Any:
+    import ssl  # here: a training process that reports over http or unix never loads it
+
+    class DeadlineSSLSocket(_Deadline, ssl.SSLSocket):
+        pass
+
+    context = ssl.create_default_context()  # what HTTPSConnection would use: verify, system CAs
+    context.sslsocket_class = DeadlineSSLSocket
+    return context
+
+
+class UnixHTTPConnection(_DeadlineConnection):
     """HTTP over a unix stream socket; the Host header stays "localhost"."""
 
     def __init__(self, path: str, timeout: float) -> None:
@@ -41,13 +133,14 @@ class UnixHTTPConnection(http.client.HTTPConnection):
         self.socket_path = path
 
     def connect(self) -> None:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock = _DeadlineSocket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            sock.settimeout(self.timeout)
+            sock.settimeout(self._left())
             sock.connect(self.socket_path)
         except BaseException:
             sock.close()
             raise
+        sock.deadline = self.deadline
         self.sock = sock
 
 
@@ -63,7 +156,8 @@ class Transport:
         parts = urlsplit(url)
         self.url = url
         self.timeout = timeout
-        self._conn: http.client.HTTPConnection | None = None
+        self._conn: _DeadlineConnection | None = None
+        self._tls: Any = None  # the TLS context, made at the first https connection
         if parts.scheme == "unix":
             # "unix:///run/gpumon.sock": the socket path is everything after the scheme's "//"
             path = parts.netloc + parts.path
@@ -86,25 +180,27 @@ class Transport:
         if token:
             self._headers["Authorization"] = f"Bearer {token}"
 
-    def _connect(self, timeout: float) -> http.client.HTTPConnection:
+    def _connect(self, timeout: float) -> _DeadlineConnection:
         if self._socket_path is not None:
             return UnixHTTPConnection(self._socket_path, timeout)
         if self._https:
-            return http.client.HTTPSConnection(self._host, self._port, timeout=timeout)
-        return http.client.HTTPConnection(self._host, self._port, timeout=timeout)
+            if self._tls is None:
+                self._tls = _tls_context()
+            return _HTTPSConnection(self._host, self._port, timeout=timeout, context=self._tls)
+        return _DeadlineConnection(self._host, self._port, timeout=timeout)
 
     def post(self, body: bytes, timeout: float | None = None) -> tuple[int, str]:
-        """(HTTP status, the daemon's detail or the transport error); status 0 when no answer came."""
+        """(HTTP status, the daemon's detail or the transport error); status 0 when no answer came. The whole
+        post, a retry on a fresh connection included, ends within ``timeout`` (at most the transport's)."""
         limit = self.timeout if timeout is None else max(0.001, min(timeout, self.timeout))
+        deadline = time.monotonic() + limit
         for attempt in (0, 1):
             conn = self._conn
             reused = conn is not None
             if conn is None:
                 conn = self._conn = self._connect(limit)
-            else:
-                conn.timeout = limit
-                if conn.sock is not None:
-                    conn.sock.settimeout(limit)
+            conn.timeout = limit
+            conn.set_deadline(deadline)
             try:
                 conn.request("POST", self._path, body, self._headers)
                 response = conn.getresponse()

@@ -27,6 +27,10 @@ LOST_RETAIN = (
 )
 # a replaced incarnation still reporting this long after its successor started is a second live process
 CONFLICT_GRACE = 5.0
+# how far a report's own time may run ahead of this daemon's clock. The SDK and the daemon mostly share one
+# clock (the same node); a report from later than that would, as a new incarnation, make every report of the
+# live process look older than it ("duplicate", for as long as the lie) and freeze its counters.
+FUTURE_SKEW = 5.0
 
 
 class Point(NamedTuple):
@@ -158,6 +162,13 @@ class JobStore:
 
     def ingest(self, r: Report, now: float) -> None:
         """Store one report. Raises Stale (ignored, 'duplicate'), Conflict, LimitExceeded, or ValueError."""
+        ahead = max(r.time, r.started) - now
+        if ahead > FUTURE_SKEW:
+            which = "started" if r.started > r.time else "time"
+            raise ValueError(
+                f"{which}: {ahead:.0f} s ahead of this node's clock (at most {FUTURE_SKEW:g} s allowed); "
+                "is the sending host's clock set?"
+            )
         with self._lock:
             if now - self._expired_at >= 1.0:  # a scan of every rank: not per report under a flood
                 self._expire(now)

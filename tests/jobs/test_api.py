@@ -242,6 +242,28 @@ def test_two_processes_reporting_as_one_rank_get_409_naming_both(node) -> None:
     assert outcomes[(("outcome", "conflict"),)] == 1 and outcomes[(("outcome", "invalid"),)] == 1
 
 
+def test_a_future_dated_incarnation_is_refused_and_the_live_rank_keeps_counting(node) -> None:
+    """The issue's row: a new incarnation claiming to start 999 s from now made every later report of the
+    live process look older than it: each answered 204 but counted "duplicate", its counters frozen."""
+    now = time.time()
+    live = report(10, incarnation="live", pid=100, started=now - 5, step_seconds=0.1)
+    assert post(node, live).status_code == 204
+    liar = report(1, incarnation="liar", pid=666, started=now + 999, t=now + 999)
+    r = post(node, liar)
+    assert r.status_code == 422, r.text
+    assert r.json()["detail"].startswith("time: 999 s ahead of this node's clock"), r.json()
+    slightly = report(1, incarnation="liar", pid=666, started=now + 60, t=now + 60)
+    assert post(node, slightly).status_code == 422
+    later = report(30, incarnation="live", pid=100, started=now - 5, step_seconds=0.1)
+    assert post(node, later).status_code == 204
+    metrics = node.get("/metrics").text
+    assert samples(metrics, "gpumon_training_steps_total") == {(("job_name", "llm"), ("rank", "0")): 30}
+    outcomes = samples(metrics, "gpumon_ingest_reports_total")
+    assert outcomes[(("outcome", "duplicate"),)] == 0 and outcomes[(("outcome", "invalid"),)] == 2
+    # a clock a second or two ahead (another host's, NTP-synced) is still accepted
+    assert post(node, report(1, job="skew", started=time.time() + 2, t=time.time() + 2)).status_code == 204
+
+
 def test_gpumon_estimate_compares_with_what_a_running_job_uses(node) -> None:
     from support.helpers import run_gpumon
 
