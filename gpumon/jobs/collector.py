@@ -6,12 +6,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from prometheus_client.core import (
-    CounterMetricFamily,
-    GaugeMetricFamily,
-    HistogramMetricFamily,
-    Metric,
-)
+from prometheus_client.core import Metric
 from prometheus_client.utils import floatToGoString
 
 from gpumon import metrics as M
@@ -21,6 +16,7 @@ from gpumon.baselines.watch import LibraryWatch
 from gpumon.client import protocol as P
 from gpumon.jobs.analysis import Analysis, JobResult, RankResult
 from gpumon.jobs.diagnosis import BOTTLENECKS
+from gpumon.jobs.families import RowFamily
 
 OUTCOMES = (
     "accepted",
@@ -56,14 +52,8 @@ class IngestStats:
         return sum(self.counts.values())
 
 
-Family = GaugeMetricFamily | CounterMetricFamily | HistogramMetricFamily
-
-
-def _family(m: M.Metric) -> Any:
-    if m.type == "histogram":
-        return HistogramMetricFamily(m.name, m.help, labels=m.labels)
-    cls = CounterMetricFamily if m.type == "counter" else GaugeMetricFamily
-    return cls(m.name, m.help, labels=m.labels)
+def _family(m: M.Metric) -> RowFamily:
+    return RowFamily(m.name, m.help, m.type, m.labels)
 
 
 def _buckets(offset: tuple[float, ...], counts: tuple[float, ...]) -> list[tuple[str, float]]:
@@ -95,7 +85,7 @@ class TrainingCollector:
                 _add_baseline(f, job, lib)
         for job_name, lost in self.analysis.store.lost(now).items():
             f[M.RANKS_LOST.name].add_metric([job_name], lost)
-        yield from (fam for fam in f.values() if fam.samples)
+        yield from (fam for fam in f.values() if fam.rows)
         reports = _family(M.INGEST_REPORTS)
         for outcome, n in self.stats.counts.items():
             reports.add_metric([outcome], n)

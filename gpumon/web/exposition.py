@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 import threading
 from collections.abc import Iterable
+from typing import Any
 
 from prometheus_client.exposition import generate_latest
 from prometheus_client.metrics_core import Metric
@@ -70,6 +71,11 @@ class Renderer:
                 self._dotted.clear()
             series = 0
             for metric in families:
+                rows = getattr(metric, "rows", None)  # gpumon.jobs.families.RowFamily
+                if rows is not None and not metric.unit:
+                    series += len(rows)
+                    out.append("".join(self._row_lines(metric, rows, openmetrics_format, dots)))
+                    continue
                 series += len(metric.samples)
                 lines = self._lines(metric, openmetrics_format, dots)
                 if lines is None:
@@ -97,6 +103,29 @@ class Renderer:
             if not prefix:
                 return None
             lines.append(f"{prefix}{floatToGoString(s.value)}\n")
+        return lines
+
+    def _row_lines(
+        self, metric: Any, rows: list[tuple[str, tuple[str, ...], float]], om: bool, dots: bool
+    ) -> list[str]:
+        """A RowFamily's lines: its rows are keyed by the label values they carry, so a known series costs a
+        tuple hash and its value; one that needs escaping falls back to the samples' path."""
+        prefixes = self._dotted if dots else self._prefixes
+        name = metric.name
+        lines = [self._header(metric, om, dots)]
+        append = lines.append
+        for suffix, values, value in rows:
+            key = (name, suffix, values)
+            prefix = prefixes.get(key)
+            if prefix is None:
+                names = metric.bucket_labelnames if suffix == "_bucket" else metric.labelnames
+                prefix = prefixes[key] = self._prefix(
+                    name, name + suffix, dict(zip(names, values, strict=True)), dots
+                )
+            if not prefix:
+                fallback = self._lines(metric, om, dots)
+                return [self._fallback(metric, om, dots)] if fallback is None else fallback
+            append(f"{prefix}{floatToGoString(value)}\n")
         return lines
 
     def _header(self, metric: Metric, om: bool, dots: bool) -> str:

@@ -64,11 +64,18 @@ class ScrapeCache:
         # held across every render: renders never run side by side, so a storm of scrapers costs one core
         self._lock = asyncio.Lock()
         self._renders: dict[Format, Render] = {}
+        # the thread of the last render, which may outlive a scraper that was cancelled while it waited
+        self._inflight: asyncio.Future[object] | None = None
         self.made = 0  # renders made, for tests and benchmarks
 
     async def get(self, fmt: Format, *, gzipped: bool = False, names: list[str] | None = None) -> bytes:
         arrived = self._clock()
         async with self._lock:
+            leftover = self._inflight
+            if leftover is not None and not leftover.done():
+                # a cancelled scraper released the lock while its render still runs: wait for that thread,
+                # so that renders never run side by side however many scrapers give up mid-render
+                await asyncio.wait([leftover])
             if names:
                 return await self._run(self._format, fmt, names, gzipped)
             r = self._renders.get(fmt)
@@ -84,8 +91,7 @@ class ScrapeCache:
     def _reusable(self, r: Render) -> bool:
         return r.key == self._state() and self._clock() - r.started < self._max_age
 
-    @staticmethod
-    async def _run(fn: Callable[..., T], *args: object) -> T:
+    async def _run(self, fn: Callable[..., T], *args: object) -> T:
         """``fn(*args)`` on a thread of its own. Not a pool: a pool's idle thread would outlive every app
         (tests create many) and hold interpreter exit; a thread costs ~0.1 ms against a render's milliseconds.
         A daemon thread, so a render cut short by SIGTERM does not delay the exit."""
@@ -93,8 +99,6 @@ class ScrapeCache:
         done: asyncio.Future[T] = loop.create_future()
 
         def settle(result: T | None, exc: BaseException | None) -> None:
-            if done.cancelled():  # the scraper went away
-                return
             if exc is not None:
                 done.set_exception(exc)
             else:
@@ -109,7 +113,9 @@ class ScrapeCache:
                 loop.call_soon_threadsafe(settle, result, exc)
 
         threading.Thread(target=work, name="gpumon-render", daemon=True).start()
-        return await done
+        self._inflight = done  # type: ignore[assignment]
+        # shielded: a cancelled scraper leaves the future to the thread, and the next scraper waits on it
+        return await asyncio.shield(done)
 
     def _make(self, fmt: Format) -> Render:
         started, key = self._clock(), self._state()  # the key first: a change after it forces the next render

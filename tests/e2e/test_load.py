@@ -1,4 +1,4 @@
-"""Load, CI form (issue 7): 100 concurrent scrapers and 8 ranks reporting at 10x the SDK's rate, for 10 s.
+"""Load, CI form (issues 7, 16): 100 scrapers, 8 ranks reporting at 10x the SDK's rate and a probe, for 10 s.
 
 A real ``gpumon serve --simulate 8xH100-SXM``; the load comes from a separate process (tests/support/load.py),
 so it never shares the daemon's interpreter lock: 100 keep-alive connections scraping /metrics back to back
@@ -49,7 +49,7 @@ def loaded() -> Iterator[Loaded]:
     d = start_daemon("--simulate", "8xH100-SXM")
     try:
         before = metrics(d)
-        out = load.generate(d.url, SECONDS, scrapers=SCRAPERS, ranks=RANKS, rate=RATE)
+        out = load.generate(d.url, SECONDS, scrapers=SCRAPERS, ranks=RANKS, rate=RATE, probe_every=0.1)
         after = metrics(d)
         assert d.proc.poll() is None, "the daemon died under load:\n" + "\n".join(d.log[-30:])
         figures = {
@@ -71,6 +71,13 @@ def test_every_scrape_answers_200_every_scraper_is_served_and_no_connection_fail
     assert out["errors"] == {}
     assert out["scrape_status"] == {"200": len(out["scrape_seconds"])}
     assert len(out["scrapes_per_scraper"]) == SCRAPERS and min(out["scrapes_per_scraper"]) >= 1
+
+
+def test_every_liveness_probe_answers_200_through_the_storm(loaded: Loaded) -> None:
+    probes = loaded.out["probe_status"]
+    assert probes == {"200": len(loaded.out["probe_seconds"])} and sum(probes.values()) >= SECONDS * 5
+    # the DaemonSet's probe times out at 5 s; before issue 16, 4 scrapers took /healthz to 4-5 s
+    assert load.quantiles(loaded.out["probe_seconds"])["p99"] < 2.0
 
 
 def test_every_report_answers_204_and_is_counted_once(loaded: Loaded) -> None:

@@ -17,6 +17,7 @@ from prometheus_client.openmetrics.exposition import generate_latest as generate
 from support.jobs import jobs
 
 from gpumon.gpu.collector import SnapshotCollector
+from gpumon.jobs.families import RowFamily
 from gpumon.web.exposition import Renderer
 
 
@@ -46,7 +47,38 @@ def edge_families():
     with_unit = GaugeMetricFamily("edge_bytes", "unit", unit="bytes")
     with_unit.add_metric([], 5)
     empty = GaugeMetricFamily("edge_empty", "no samples")
-    return [g, c, created, info, hist, summ, stamped, with_unit, empty]
+    return [g, c, created, info, hist, summ, stamped, with_unit, empty, *row_families()]
+
+
+def row_families():
+    """The training flow's RowFamily, with the same edge values and labels as prometheus_client's families."""
+    g = RowFamily("edge_rows", 'rows "quoted"\nand a newline', "gauge", ["a", "b"])
+    for i, value in enumerate(
+        [math.nan, math.inf, -math.inf, 1e-300, 12345678.9, 1e22, -0.0, 0, 1, 1.0, -0.0]
+    ):
+        g.add_metric([f'v"{i}"', "back\\slash\nnew line ünï"], value)
+    c = RowFamily("edge_row_steps_total", "counted", "counter", ["job"])
+    c.add_metric(["a"], 0)
+    c.add_metric(["b"], 2**63)
+    h = RowFamily("edge_row_seconds", "a histogram", "histogram", ["job"])
+    h.add_metric(["a"], [("0.1", 0.0), ("1.0", 2.0), ("+Inf", 2.0)], 0.7)
+    h.add_metric(['q"uote'], [("0.1", 1.0), ("1.0", 1.0), ("+Inf", 3.0)], 9.5)
+    return [g, c, h, RowFamily("edge_row_empty", "none", "gauge", ["x"])]
+
+
+def test_a_row_family_has_the_samples_prometheus_clients_own_family_would() -> None:
+    rows = RowFamily("x_seconds", "h", "histogram", ["job"])
+    own = HistogramMetricFamily("x_seconds", "h", labels=["job"])
+    for fam in (rows, own):
+        fam.add_metric(["a"], [("0.5", 1.0), ("+Inf", 4.0)], 2.5)
+    assert rows == own and rows.samples == own.samples
+    counter, own_counter = (
+        RowFamily("n_total", "c", "counter", ["k"]),
+        CounterMetricFamily("n_total", "c", labels=["k"]),
+    )
+    counter.add_metric(["v"], 3)
+    own_counter.add_metric(["v"], 3)
+    assert counter == own_counter
 
 
 def families_of(node_snapshot):
@@ -73,6 +105,26 @@ def test_byte_identical_to_prometheus_client(node_snapshot, openmetrics_format) 
     renderer = Renderer()
     assert renderer.render(families, openmetrics_format=openmetrics_format) == expected
     assert renderer.render(families, openmetrics_format=openmetrics_format) == expected  # from the cache
+
+
+@pytest.mark.parametrize("openmetrics_format", [False, True], ids=["text", "openmetrics"])
+def test_row_families_under_dots_escaping_match_the_sample_path(openmetrics_format) -> None:
+    rows = row_families()
+    plain = [Fixed([f]).collect()[0] for f in rows]
+    # the same families through the samples path: prometheus_client's own types with those samples
+    as_samples = []
+    for f in plain:
+        copy = GaugeMetricFamily(f.name, f.documentation) if f.type == "gauge" else None
+        if copy is None:
+            continue
+        for smp in f.samples:
+            copy.add_sample(smp.name, smp.labels, smp.value)
+        as_samples.append(copy)
+    renderer = Renderer()
+    gauges = [f for f in rows if f.type == "gauge"]
+    assert renderer.render(gauges, openmetrics_format=openmetrics_format, dots=True) == Renderer().render(
+        as_samples, openmetrics_format=openmetrics_format, dots=True
+    )
 
 
 def test_the_cache_is_bounded() -> None:

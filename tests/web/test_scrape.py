@@ -135,6 +135,47 @@ def test_the_render_runs_off_the_event_loop() -> None:
     run(scenario())
 
 
+def test_scrapers_cancelled_mid_render_never_leave_renders_running_side_by_side() -> None:
+    """A scraper cancelled while its render runs releases the lock; the thread goes on. The next scrapers
+    wait for that thread instead of starting renders beside it, so giving up mid-scrape, again and again,
+    cannot pile renders (and threads) up."""
+    world = World()
+    cache = world.cache()
+    running, most = [0], [0]
+    collect = world.collect
+
+    def counted(names: list[str] | None) -> Iterable[Metric]:
+        running[0] += 1
+        most[0] = max(most[0], running[0])
+        try:
+            return collect(names)
+        finally:
+            running[0] -= 1
+
+    cache._collect = counted
+
+    async def scenario() -> None:
+        world.release.clear()
+        for _ in range(5):
+            world.entered.clear()
+            world.version += 1  # each scraper needs a new render
+            scrape = asyncio.create_task(cache.get(TEXT))
+            await asyncio.to_thread(world.entered.wait, 10)
+            scrape.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await scrape
+            follower = asyncio.create_task(cache.get(TEXT, names=["gpumon_test_version"]))
+            await asyncio.sleep(0.05)
+            assert not follower.done() and len(world.collected) == _ + 1 + _  # it waits, no second render
+            world.release.set()
+            assert b"gpumon_test_version" in await follower
+            world.release.clear()
+        world.release.set()
+
+    run(scenario())
+    assert most[0] == 1
+
+
 def test_a_scrape_that_selects_families_is_rendered_for_itself() -> None:
     world = World()
     cache = world.cache()
