@@ -41,7 +41,8 @@ from gpumon.jobs.report import parse
 from gpumon.jobs.store import JobStore
 
 
-def analysis(ranks: int, jobs: int) -> Analysis:
+def analysis(ranks: int, jobs: int, phases: dict[str, float] | None = None) -> Analysis:
+    """8 simulated H100s and ``ranks`` ranks over ``jobs`` jobs, two reports each; ``phases`` as reported."""
     sampler = Sampler(NvmlBackend(SimNvml("8xH100-SXM", static=True)))
     sampler.open()
     snap = sampler.sweep()
@@ -57,6 +58,8 @@ def analysis(ranks: int, jobs: int) -> Analysis:
                 "devices": [str(r % 8)],
                 "incarnation": f"i{j}x{r}",
                 "workload": f"model-{j}",
+                "local_rank": r,
+                "phases": phases or {},
             }
             for steps in (50, 100):  # two points: a step time in the window
                 store.ingest(parse(report(steps, started=now - 10.0, **common)), now)

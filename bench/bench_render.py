@@ -24,44 +24,21 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
+from bench_baselines import analysis
 from bench_daemon import machine
-from support.reports import report
 
 from gpumon.gpu.collector import build_families
-from gpumon.gpu.nvml import NvmlBackend
-from gpumon.gpu.sampler import Sampler
-from gpumon.gpu.sim import SimNvml
 from gpumon.gpu.snapshot import Snapshot
 from gpumon.jobs.analysis import Analysis
 from gpumon.jobs.collector import IngestStats, TrainingCollector
-from gpumon.jobs.report import parse
-from gpumon.jobs.store import JobStore
 from gpumon.web.exposition import Renderer
 
 
 def node(ranks: int, per_job: int) -> tuple[Snapshot, Analysis]:
-    sampler = Sampler(NvmlBackend(SimNvml("8xH100-SXM", static=True)))
-    sampler.open()
-    snap = sampler.sweep()
-    sampler.stop()
-    now = time.time()
-    jobs = ranks // per_job
-    store = JobStore(max_jobs=jobs, max_ranks=ranks, ttl=600.0, window=60.0)
-    for j in range(jobs):
-        for r in range(per_job):
-            common = {
-                "job": f"job-{j}",
-                "rank": r,
-                "world_size": per_job,
-                "local_rank": r,
-                "devices": [str(r % 8)],
-                "incarnation": f"i{j}x{r}",
-                "workload": f"model-{j}",
-                "phases": {"forward": 3.0, "backward": 5.0, "data_wait": 0.5},
-            }
-            for steps in (50, 100):  # two points: rates and a step time in the window
-                store.ingest(parse(report(steps, started=now - 10.0, **common)), now)
-    return snap, Analysis(store, lambda: snap, clock=lambda: now)
+    a = analysis(ranks, ranks // per_job, phases={"forward": 3.0, "backward": 5.0, "data_wait": 0.5})
+    snap = a.source()
+    assert snap is not None
+    return snap, a
 
 
 def series(families: list) -> int:  # type: ignore[type-arg]

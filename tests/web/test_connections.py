@@ -146,49 +146,32 @@ def test_a_connection_that_sends_nothing_is_closed_at_the_header_deadline(short:
     assert _closed_total(short, "header_timeout", at_least=1) >= 1
 
 
-def test_headers_sent_a_byte_at_a_time_do_not_hold_the_connection(short: Daemon) -> None:
-    with socket.create_connection(_addr(short)) as sock:
-        sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
+def _trickle(d: Daemon, head: bytes, byte: bytes, within: float) -> float | None:
+    """Send ``head``, then ``byte`` every 0.3 s: seconds until the daemon closed the connection, or None."""
+    with socket.create_connection(_addr(d)) as sock:
+        sock.sendall(head)
         start = time.monotonic()
-        closed = False
-        while time.monotonic() - start < 5.0:
+        while time.monotonic() - start < within:
             try:
-                sock.sendall(b"X")  # keeps the connection busy, never completes a header
+                sock.sendall(byte)  # keeps the connection busy, never completes what it started
             except OSError:
-                closed = True
-                break
+                return time.monotonic() - start
             if _closed_by_peer(sock, within=0.3) is not None:
-                closed = True
-                break
-        took = time.monotonic() - start
-    assert closed and took <= 2.5
+                return time.monotonic() - start
+    return None
+
+
+def test_headers_sent_a_byte_at_a_time_do_not_hold_the_connection(short: Daemon) -> None:
+    took = _trickle(short, b"GET /metrics HTTP/1.1\r\nHost: x\r\n", b"X", within=5.0)
+    assert took is not None and took <= 2.5
 
 
 def test_a_body_sent_a_byte_at_a_time_is_cut_at_the_request_deadline(short: Daemon) -> None:
     before = _closed_total(short, "request_timeout")
-    with socket.create_connection(_addr(short)) as sock:
-        # the report's own body deadline (5 s, a 408) is longer than this daemon's request deadline
-        sock.sendall(b"POST /v1/report HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n")
-        start = time.monotonic()
-        closed = False
-        while time.monotonic() - start < 6.0:
-            try:
-                sock.sendall(b"x")
-            except OSError:
-                closed = True
-                break
-            try:
-                sock.settimeout(0.3)
-                if sock.recv(65536) == b"":
-                    closed = True
-                    break
-            except TimeoutError:
-                pass
-            except ConnectionResetError:
-                closed = True
-                break
-        took = time.monotonic() - start
-    assert closed and 1.8 <= took <= 3.5
+    # the report's own body deadline (5 s, a 408) is longer than this daemon's request deadline
+    head = b"POST /v1/report HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n"
+    took = _trickle(short, head, b"x", within=6.0)
+    assert took is not None and 1.8 <= took <= 3.5
     assert _closed_total(short, "request_timeout", at_least=before + 1) == before + 1
 
 
