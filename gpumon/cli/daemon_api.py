@@ -11,11 +11,17 @@ import base64
 import http.client
 import json
 import os
+import time
 import urllib.parse
 from typing import Any
 
 from gpumon.client.protocol import DEFAULT_URL
-from gpumon.client.transport import UnixHTTPConnection
+from gpumon.client.transport import (
+    DeadlineConnection,
+    HTTPSDeadlineConnection,
+    UnixHTTPConnection,
+    tls_context,
+)
 from gpumon.config import ConfigError
 
 MAX_ANSWER_BYTES = 64 * 1024 * 1024  # a /v1/jobs document for hundreds of ranks is a few MB at most
@@ -46,13 +52,25 @@ def check_url(base: str) -> str:
     return base.rstrip("/")
 
 
-def _connection(base: str, timeout: float) -> tuple[http.client.HTTPConnection, str]:
-    """A connection to the daemon and the path prefix its URL carries."""
+def _connection(base: str, timeout: float) -> tuple[DeadlineConnection, str]:
+    """A connection to the daemon and the path prefix its URL carries. Connecting, sending and reading
+    share one deadline (the SDK's connections): a daemon, or whatever holds its port, that answers a byte at
+    a time cannot hold the command past ``timeout``."""
     parts = urllib.parse.urlsplit(base)
+    conn: DeadlineConnection
     if parts.scheme == "unix":
-        return UnixHTTPConnection(parts.path, timeout), ""
-    cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
-    return cls(parts.hostname or "", parts.port, timeout=timeout), parts.path.rstrip("/")
+        conn, prefix = UnixHTTPConnection(parts.path, timeout), ""
+    elif parts.scheme == "https":
+        host, port = parts.hostname or "", parts.port
+        conn = HTTPSDeadlineConnection(host, port, timeout=timeout, context=tls_context())
+        prefix = parts.path.rstrip("/")
+    else:
+        conn, prefix = (
+            DeadlineConnection(parts.hostname or "", parts.port, timeout=timeout),
+            parts.path.rstrip("/"),
+        )
+    conn.set_deadline(time.monotonic() + timeout)
+    return conn, prefix
 
 
 def get_json(base: str, path: str, *, timeout: float = 5.0, missing: str | None = None) -> dict[str, Any]:

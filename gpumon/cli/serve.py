@@ -283,6 +283,9 @@ def _uvicorn_config(app: Any, gate: Gate) -> uvicorn.Config:
         lifespan="off",
         timeout_graceful_shutdown=3,
         proxy_headers=False,
+        # gpumon has no WebSocket routes; with a WebSocket library importable, uvicorn would hand an upgrade
+        # request's connection to another protocol, whose close the connection gate never hears of
+        ws="none",
         timeout_keep_alive=gate.limits.keep_alive,  # type: ignore[arg-type]  # a float works; int is its hint
     )
     config.load()
@@ -303,23 +306,38 @@ def _server(
 
     class Server(uvicorn.Server):
         async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-            # uvicorn would put TLS (config.ssl) on every socket; the unix ingest socket stays plain HTTP,
-            # since the SDK in a training process has no certificate to trust and the file mode guards it
-            tcp = [s for s in sockets or [] if s.family != AF_UNIX]
-            await super().startup(sockets=tcp)
+            # uvicorn's startup with no sockets (its lifespan and state); the listeners are made here, since
+            # uvicorn would put TLS (config.ssl) on every socket and gives no TLS handshake a deadline
+            await super().startup(sockets=[])
             if not self.started:
                 return
             loop = asyncio.get_running_loop()
             for sock in sockets or []:
-                if sock.family == AF_UNIX:
-                    server = await loop.create_server(self._protocol, sock=sock, backlog=self.config.backlog)
-                    self.servers.append(server)
+                # the unix ingest socket stays plain HTTP, since the SDK in a training process has no
+                # certificate to trust and the file mode guards it
+                unix = sock.family == AF_UNIX
+                tls = None if unix else self.config.ssl
+                server = await loop.create_server(
+                    self._unix_protocol if unix else self._tcp_protocol,
+                    sock=sock,
+                    backlog=self.config.backlog,
+                    ssl=tls,
+                    # a handshake happens before the connection gate sees the connection: a client that
+                    # opens TLS and never says hello holds an fd for as long as this (asyncio's default: 60 s)
+                    ssl_handshake_timeout=gate.limits.header_timeout if tls else None,
+                )
+                self.servers.append(server)
             if guard is not None:
                 self._watch = asyncio.create_task(guard.watch())
             if sim_training is not None:
                 sim_training.start()
 
-        def _protocol(self) -> asyncio.Protocol:
+        def _tcp_protocol(self) -> asyncio.Protocol:
+            return self.config.http_protocol_class(  # type: ignore[call-arg]
+                config=self.config, server_state=self.server_state, app_state=self.lifespan.state
+            )
+
+        def _unix_protocol(self) -> asyncio.Protocol:
             return unix_config.http_protocol_class(  # type: ignore[call-arg]
                 config=unix_config, server_state=self.server_state, app_state=self.lifespan.state
             )

@@ -79,7 +79,7 @@ def _adopt(sock: socket.socket, deadline: float) -> _DeadlineSocket:
     return adopted
 
 
-class _DeadlineConnection(http.client.HTTPConnection):
+class DeadlineConnection(http.client.HTTPConnection):
     """An HTTP connection whose socket keeps the deadline of the report in flight (``deadline``)."""
 
     deadline = math.inf
@@ -107,14 +107,14 @@ class _DeadlineConnection(http.client.HTTPConnection):
             self.sock.deadline = deadline
 
 
-class _HTTPSConnection(_DeadlineConnection, http.client.HTTPSConnection):
+class HTTPSDeadlineConnection(DeadlineConnection, http.client.HTTPSConnection):
     def connect(self) -> None:
         super().connect()
         if isinstance(self.sock, _Deadline):  # the TLS socket made by the context's sslsocket_class
             self.sock.deadline = self.deadline
 
 
-def _tls_context() -> Any:
+def tls_context() -> Any:
     import ssl  # here: a training process that reports over http or unix never loads it
 
     class DeadlineSSLSocket(_Deadline, ssl.SSLSocket):
@@ -125,7 +125,7 @@ def _tls_context() -> Any:
     return context
 
 
-class UnixHTTPConnection(_DeadlineConnection):
+class UnixHTTPConnection(DeadlineConnection):
     """HTTP over a unix stream socket; the Host header stays "localhost"."""
 
     def __init__(self, path: str, timeout: float) -> None:
@@ -156,7 +156,7 @@ class Transport:
         parts = urlsplit(url)
         self.url = url
         self.timeout = timeout
-        self._conn: _DeadlineConnection | None = None
+        self._conn: DeadlineConnection | None = None
         self._tls: Any = None  # the TLS context, made at the first https connection
         if parts.scheme == "unix":
             # "unix:///run/gpumon.sock": the socket path is everything after the scheme's "//"
@@ -180,14 +180,14 @@ class Transport:
         if token:
             self._headers["Authorization"] = f"Bearer {token}"
 
-    def _connect(self, timeout: float) -> _DeadlineConnection:
+    def _connect(self, timeout: float) -> DeadlineConnection:
         if self._socket_path is not None:
             return UnixHTTPConnection(self._socket_path, timeout)
         if self._https:
             if self._tls is None:
-                self._tls = _tls_context()
-            return _HTTPSConnection(self._host, self._port, timeout=timeout, context=self._tls)
-        return _DeadlineConnection(self._host, self._port, timeout=timeout)
+                self._tls = tls_context()
+            return HTTPSDeadlineConnection(self._host, self._port, timeout=timeout, context=self._tls)
+        return DeadlineConnection(self._host, self._port, timeout=timeout)
 
     def post(self, body: bytes, timeout: float | None = None) -> tuple[int, str]:
         """(HTTP status, the daemon's detail or the transport error); status 0 when no answer came. The whole

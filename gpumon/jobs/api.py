@@ -90,6 +90,8 @@ class Ingest:
             headers.append((b"www-authenticate", b"Bearer"))
         if status == 405:
             headers.append((b"allow", b"POST"))
+        if status == 408:  # the rest of a stalled body may still come: the connection is not reusable
+            headers.append((b"connection", b"close"))
         body = b"" if status == 204 else json.dumps({"detail": detail}).encode()
         headers.append((b"content-length", str(len(body)).encode()))
         await send({"type": "http.response.start", "status": status, "headers": headers})

@@ -31,6 +31,10 @@ CONFLICT_GRACE = 5.0
 # clock (the same node); a report from later than that would, as a new incarnation, make every report of the
 # live process look older than it ("duplicate", for as long as the lie) and freeze its counters.
 FUTURE_SKEW = 5.0
+# how far seq may run ahead of the last report's: the SDK numbers every attempt, at most 100 a second (its
+# shortest interval is 10 ms) plus flushes. A larger jump would make every later report of the live process
+# look old ("duplicate") until its own seq caught up.
+SEQ_BURST, SEQ_PER_SECOND = 1000, 200
 
 
 class Point(NamedTuple):
@@ -162,13 +166,14 @@ class JobStore:
 
     def ingest(self, r: Report, now: float) -> None:
         """Store one report. Raises Stale (ignored, 'duplicate'), Conflict, LimitExceeded, or ValueError."""
-        ahead = max(r.time, r.started) - now
-        if ahead > FUTURE_SKEW:
-            which = "started" if r.started > r.time else "time"
-            raise ValueError(
-                f"{which}: {ahead:.0f} s ahead of this node's clock (at most {FUTURE_SKEW:g} s allowed); "
-                "is the sending host's clock set?"
-            )
+        for which, stamp in (
+            ("time", r.time), ("started", r.started), ("updated", r.updated), ("anchor.time", r.anchor_time)
+        ):  # fmt: skip
+            if stamp is not None and stamp - now > FUTURE_SKEW:
+                raise ValueError(
+                    f"{which}: {stamp - now:.0f} s ahead of this node's clock (at most {FUTURE_SKEW:g} s "
+                    "allowed); is the sending host's clock set?"
+                )
         with self._lock:
             if now - self._expired_at >= 1.0:  # a scan of every rank: not per report under a flood
                 self._expire(now)
@@ -185,8 +190,13 @@ class JobStore:
                     raise Conflict(_conflict(r, rank.report))
                 _restart(rank)
             elif r.seq <= rank.report.seq:
+                if r.time > rank.report.time + CONFLICT_GRACE:
+                    # a late delivery is older than what is held; a later report with a lower seq means two
+                    # senders share this incarnation: say so, rather than drop the live one's in silence
+                    raise Conflict(_shared_incarnation(r, rank.report))
                 raise Stale()
             else:
+                _check_seq_jump(rank.report, r)
                 _check_monotonic(rank.report, r)
             rank.report = r
             rank.received = now
@@ -287,6 +297,23 @@ def _conflict(r: Report, current: Report) -> str:
         f"processes (this one is pid {r.pid}) cannot share one (job, rank): give each its own job name "
         "(Reporter(job=...) or GPUMON_JOB) or rank"
     )
+
+
+def _shared_incarnation(r: Report, current: Report) -> str:
+    return (
+        f"job {r.job!r} rank {r.rank}: seq {r.seq} is not after {current.seq}, yet this report is "
+        f"{r.time - current.time:.0f} s later; two processes (pids {r.pid} and {current.pid}) send "
+        f"incarnation {r.incarnation!r}: each process needs its own Reporter"
+    )
+
+
+def _check_seq_jump(old: Report, new: Report) -> None:
+    allowed = SEQ_BURST + SEQ_PER_SECOND * max(0.0, new.time - old.time)
+    if new.seq - old.seq > allowed:
+        raise ValueError(
+            f"seq: jumped from {old.seq} to {new.seq} in {max(0.0, new.time - old.time):.0f} s; the SDK "
+            f"numbers its reports one by one (at most {allowed:.0f} here)"
+        )
 
 
 def _pairs(old: Report, new: Report) -> list[tuple[str, float, float]]:

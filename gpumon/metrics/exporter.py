@@ -82,7 +82,8 @@ HTTP_CONNECTIONS_CLOSED = metric(
     "gpumon_http_connections_closed_total",
     "counter",
     "Connections the daemon closed by force: header_timeout (request headers not in within "
-    "--header-timeout), request_timeout (the whole request not in within --request-timeout), shed (idle, "
-    "closed to make room at the connection limit).",
+    "--header-timeout), request_timeout (the whole request not in within --request-timeout), write_timeout "
+    "(the client read none of an answer for --request-timeout), header_too_large (a request head over 64 "
+    "KiB, answered 431), shed (idle or not reading, closed to make room at the connection limit).",
     ("reason",),
 )

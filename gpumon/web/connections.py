@@ -31,7 +31,14 @@ log = logging.getLogger(__name__)
 # before any of them reaches the cap below
 FD_RESERVE = 256
 DEFAULT_MAX_CONNECTIONS = 1024
-REASONS = ("header_timeout", "request_timeout", "shed")
+REASONS = ("header_timeout", "request_timeout", "write_timeout", "header_too_large", "shed")
+# a request line and headers larger than this are refused (431): the header deadline bounds time, not bytes,
+# and a head streamed without an end made the parser copy a growing URL or value again and again
+MAX_HEAD_BYTES = 64 * 1024
+_TOO_LARGE = (
+    b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: text/plain; charset=utf-8\r\n"
+    b"connection: close\r\ncontent-length: 43\r\n\r\nrequest line and headers larger than 64 KiB\n"
+)
 
 
 @dataclass(frozen=True)
@@ -78,11 +85,12 @@ class Gate:
     def admit(self, conn: Any) -> None:
         self._open[conn] = None
         while len(self._open) > self.limits.max_connections:
-            # the newest idle one: the oldest are nearest their deadline anyway, and a connection that has
-            # already been served (a scraper's keep-alive) has shown it is a client; a flood is recent. With
-            # every other connection busy answering a request, the newcomer is the one turned away.
+            # the newest idle one (or one whose peer stopped reading our answer): the oldest are nearest
+            # their deadline anyway, and a connection that has already been served (a scraper's keep-alive)
+            # has shown it is a client; a flood is recent. With every other connection busy answering a
+            # request, the newcomer is the one turned away.
             victim = next(
-                (c for c in reversed(self._open) if c is not conn and c.idle() and not c.closing()), conn
+                (c for c in reversed(self._open) if c is not conn and c.sheddable() and not c.closing()), conn
             )
             victim.drop("shed")  # releases it: each turn of this loop frees a place
             if victim is conn:
@@ -122,7 +130,10 @@ def guarded(protocol_class: type[asyncio.Protocol], gate: Gate) -> type[asyncio.
 
     class Guarded(protocol_class):  # type: ignore[valid-type,misc]
         _deadline: asyncio.TimerHandle | None = None
+        _write_deadline: asyncio.TimerHandle | None = None  # armed while the peer does not read
         _current: Any = None  # the request whose headers were last completed (uvicorn's cycle)
+        _running: Any = None  # the request being answered (httptools: pipelining puts it behind cycle)
+        _head = 0  # bytes received towards the current request's head
         _dropped = False
 
         def connection_made(self, transport: Any) -> None:
@@ -136,19 +147,38 @@ def guarded(protocol_class: type[asyncio.Protocol], gate: Gate) -> type[asyncio.
             gate.release(self)
             self._disarm()
             self._disarm_request()
+            if self._write_deadline is not None:
+                self._write_deadline.cancel()
+            # uvicorn marks only the last parsed request as disconnected; one still being answered behind
+            # pipelined ones would then write to a closed transport and log a traceback
+            for cycle in (self._running, *(c for c, _ in getattr(self, "pipeline", ()))):
+                if cycle is not None and not cycle.response_complete:
+                    cycle.disconnected = True
+                    cycle.message_event.set()
             super().connection_lost(exc)
 
+        def _start_asgi_task(self, cycle: Any, app: Any) -> None:  # httptools only
+            self._running = cycle
+            super()._start_asgi_task(cycle, app)
+
         def data_received(self, data: bytes) -> None:
-            if self._request_deadline is None and self.idle():
-                # the first byte of a request: from here it has request_timeout in all
-                self._request_deadline = self._loop.call_later(
-                    gate.limits.request_timeout, self.drop, "request_timeout"
-                )
+            heading = self.idle()
+            if heading:
+                if self._request_deadline is None:
+                    # the first byte of a request: from here it has request_timeout in all
+                    self._request_deadline = self._loop.call_later(
+                        gate.limits.request_timeout, self.drop, "request_timeout"
+                    )
+                self._head += len(data)
             super().data_received(data)
             cycle = self.cycle
             if cycle is not None and cycle is not self._current:
                 self._current = cycle  # headers complete: a new request is in
+                self._head = 0
                 self._disarm()
+            elif heading and self._head > MAX_HEAD_BYTES and not self.closing():
+                self._refuse_head()  # still no end of the head
+                return
             if cycle is not None and cycle is self._current and not cycle.more_body:
                 self._disarm_request()  # the whole request arrived; the response is ours to make
 
@@ -157,9 +187,37 @@ def guarded(protocol_class: type[asyncio.Protocol], gate: Gate) -> type[asyncio.
             if not self.transport.is_closing() and self.idle():
                 self._arm(gate.limits.header_timeout, "header_timeout")
 
+        def pause_writing(self) -> None:
+            super().pause_writing()
+            if self._write_deadline is None:  # the peer stopped reading: it has request_timeout to resume
+                self._write_deadline = self._loop.call_later(
+                    gate.limits.request_timeout, self.drop, "write_timeout"
+                )
+
+        def resume_writing(self) -> None:
+            super().resume_writing()
+            if self._write_deadline is not None:
+                self._write_deadline.cancel()
+                self._write_deadline = None
+
+        def _unsupported_upgrade_warning(self) -> None:
+            # uvicorn warns (twice) for every request asking for an upgrade, before any credentials are
+            # checked: a flood of them would flood the log. gpumon upgrades nothing; the request is answered.
+            log.debug("ignoring an upgrade request from %s", self.client)
+
         def idle(self) -> bool:
             """Waiting for a request: none yet, or the last one answered (uvicorn's own test at shutdown)."""
             return self.cycle is None or bool(self.cycle.response_complete)
+
+        def sheddable(self) -> bool:
+            """Idle, or stalled on a peer that does not read what it asked for."""
+            return self.idle() or self._write_deadline is not None
+
+        def _refuse_head(self) -> None:
+            self._dropped = True
+            gate.dropped(self, "header_too_large")
+            self.transport.write(_TOO_LARGE)
+            self.transport.close()
 
         def closing(self) -> bool:
             return self._dropped or self.transport is None or self.transport.is_closing()
@@ -167,7 +225,7 @@ def guarded(protocol_class: type[asyncio.Protocol], gate: Gate) -> type[asyncio.
         def drop(self, reason: str) -> None:
             if self.closing():
                 return
-            if reason != "shed" and not self.idle() and not self._reading():
+            if reason in ("header_timeout", "request_timeout") and not self.idle() and not self._reading():
                 return  # the request arrived and is being answered: the deadline was for reading it
             self._dropped = True
             gate.dropped(self, reason)

@@ -9,7 +9,8 @@ arrived unless nothing has changed since: after a report is answered, or GET /v1
 a change, the next scrape shows it too. Scrapers that arrive while a render runs wait for it and then share
 the next one, so N concurrent scrapers cost at most two renders however large N is. Each format (text,
 OpenMetrics, dots escaping) is its own entry; its gzip form is made once, when first asked for. A scrape that
-selects families (``name[]``) is rendered for itself.
+selects series (``name[]``) gets them cut from the same shared render's families: formatting a few families
+is cheap, where a render of its own per such scrape let a storm of them hold every other scraper back.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ class Render:
     key: tuple[Hashable, ...]  # the state it was made from
     started: float  # monotonic time the render began reading that state
     body: bytes
+    families: list[Metric] = field(default_factory=list, repr=False)  # what body was written from
     gzipped: bytes | None = field(default=None, repr=False)
 
 
@@ -50,13 +52,13 @@ class ScrapeCache:
 
     def __init__(
         self,
-        collect: Callable[[list[str] | None], Iterable[Metric]],
+        collect: Callable[[], Iterable[Metric]],
         state: Callable[[], tuple[Hashable, ...]],
         *,
         max_age: float,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._collect = collect  # the registry's families; a list of names restricts them
+        self._collect = collect  # the registry's families
         self._state = state  # what a render depends on, cheap to read: identities and counters
         self._max_age = max_age
         self._clock = clock
@@ -76,12 +78,12 @@ class ScrapeCache:
                 # a cancelled scraper released the lock while its render still runs: wait for that thread,
                 # so that renders never run side by side however many scrapers give up mid-render
                 await asyncio.wait([leftover])
-            if names:
-                return await self._run(self._format, fmt, names, gzipped)
             r = self._renders.get(fmt)
             if r is None or not (r.started > arrived or self._reusable(r)):
                 r = await self._run(self._make, fmt)
                 self._renders[fmt] = r
+            if names:
+                return await self._run(self._select, r, fmt, frozenset(names), gzipped)
             if not gzipped:
                 return r.body
             if r.gzipped is None:
@@ -120,8 +122,20 @@ class ScrapeCache:
     def _make(self, fmt: Format) -> Render:
         started, key = self._clock(), self._state()  # the key first: a change after it forces the next render
         self.made += 1
-        return Render(key, started, self._format(fmt, None, False))
+        families = list(self._collect())
+        body = self._renderer.render(families, openmetrics_format=fmt.openmetrics, dots=fmt.dots)
+        return Render(key, started, body, families)
 
-    def _format(self, fmt: Format, names: list[str] | None, gzipped: bool) -> bytes:
-        body = self._renderer.render(self._collect(names), openmetrics_format=fmt.openmetrics, dots=fmt.dots)
+    def _select(self, r: Render, fmt: Format, names: frozenset[str], gzipped: bool) -> bytes:
+        """The series named (sample names, as prometheus_client's restricted registry matches them)."""
+        chosen = []
+        for family in r.families:
+            if not any(n.startswith(family.name) for n in names):
+                continue  # no sample of this family can be named: skip making its samples
+            samples = [s for s in family.samples if s.name in names]
+            if samples:
+                part = Metric(family.name, family.documentation, family.type)
+                part.samples = samples
+                chosen.append(part)
+        body = self._renderer.render(chosen, openmetrics_format=fmt.openmetrics, dots=fmt.dots)
         return gzip.compress(body, compresslevel=GZIP_LEVEL) if gzipped else body

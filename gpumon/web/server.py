@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import html
 import re
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Hashable
 
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
 from prometheus_client import CollectorRegistry, ProcessCollector
 from prometheus_client.exposition import choose_encoder
-from prometheus_client.metrics_core import Metric
 
 from gpumon import __version__
 from gpumon.gpu.collector import SnapshotCollector
@@ -59,6 +58,25 @@ def negotiate(accept: str) -> str:
         return TEXT_0_0_4
 
 
+def accepts_gzip(accept_encoding: str) -> bool:
+    """Whether the Accept-Encoding header admits gzip (RFC 9110: ``gzip`` or its alias ``x-gzip`` with a
+    q-value above 0, else ``*`` with one); ``gzip;q=0`` refuses it, and ``nogzip`` is not gzip."""
+    q: dict[str, float] = {}
+    for part in accept_encoding.split(","):
+        name, _, params = part.partition(";")
+        weight = 1.0
+        for param in params.split(";"):
+            key, _, value = param.partition("=")
+            if key.strip().lower() == "q":
+                try:
+                    weight = float(value)
+                except ValueError:
+                    weight = 0.0
+        q[name.strip().lower()] = weight
+    named = [q[n] for n in ("gzip", "x-gzip") if n in q]
+    return max(named) > 0 if named else q.get("*", 0.0) > 0
+
+
 def dots_escaping(content_type: str) -> bool:
     """Whether the negotiated format asks for dots name escaping. Every gpumon name is a legacy (pre-UTF-8)
     name, which the underscores, allow-utf-8 and values schemes all leave as it is; only dots changes it.
@@ -101,13 +119,10 @@ def create_app(
     if guard is not None:  # added last, so outermost: nothing is answered before it has looked
         app.add_middleware(Access, guard=guard)
 
-    def collect(names: list[str] | None) -> Iterable[Metric]:
-        return (registry.restricted_registry(names) if names else registry).collect()
-
     def state() -> tuple[Hashable, ...]:
         return (source(), None if training is None else training.state())
 
-    scrapes = ScrapeCache(collect, state, max_age=max_age)
+    scrapes = ScrapeCache(registry.collect, state, max_age=max_age)
 
     @app.get(
         "/metrics",
@@ -118,9 +133,9 @@ def create_app(
     async def metrics(request: Request) -> Response:
         content_type = negotiate(request.headers.get("accept", ""))
         fmt = Format(content_type.startswith("application/openmetrics"), dots_escaping(content_type))
-        gzipped = "gzip" in request.headers.get("accept-encoding", "")
+        gzipped = accepts_gzip(request.headers.get("accept-encoding", ""))
         body = await scrapes.get(fmt, gzipped=gzipped, names=request.query_params.getlist("name[]"))
-        headers = {"Content-Type": content_type}
+        headers = {"Content-Type": content_type, "Vary": "Accept-Encoding"}
         if gzipped:
             headers["Content-Encoding"] = "gzip"
         return Response(body, headers=headers)

@@ -264,6 +264,24 @@ def test_a_future_dated_incarnation_is_refused_and_the_live_rank_keeps_counting(
     assert post(node, report(1, job="skew", started=time.time() + 2, t=time.time() + 2)).status_code == 204
 
 
+def test_an_impostor_with_the_live_incarnation_cannot_freeze_it_in_silence(node) -> None:
+    """Found by review: the incarnation is public (GET /v1/jobs/{job}); one report with it and seq 2**62 made
+    every later report of the live process a silent duplicate, forever."""
+    now = time.time()
+    live = dict(incarnation="live", pid=100, started=now - 60, step_seconds=0.1)
+    assert post(node, report(10, seq=10, t=now - 10, **live)).status_code == 204
+    huge = post(node, report(10, seq=2**62, t=now - 9, **live))
+    assert huge.status_code == 422 and huge.json()["detail"].startswith("seq: jumped from 10 to"), huge.text
+    assert post(node, report(20, seq=11, t=now - 8, **live)).status_code == 204  # still counting
+    # a jump within what a real SDK could make is taken; the live process's next report then says why it
+    # is not counted (409), instead of a 204 counted as a duplicate
+    assert post(node, report(20, seq=500, t=now - 7, **live)).status_code == 204
+    r = post(node, report(30, seq=12, t=now, **live))
+    assert r.status_code == 409 and "two processes (pids 100 and 100) send incarnation 'live'" in r.text
+    outcomes = samples(node.get("/metrics").text, "gpumon_ingest_reports_total")
+    assert outcomes[(("outcome", "duplicate"),)] == 0
+
+
 def test_gpumon_estimate_compares_with_what_a_running_job_uses(node) -> None:
     from support.helpers import run_gpumon
 

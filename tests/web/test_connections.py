@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from urllib.parse import urlsplit
 
 import httpx
@@ -27,6 +28,9 @@ class FakeConn:
         self.name, self._idle, self.dropped = name, idle, ""
 
     def idle(self) -> bool:
+        return self._idle
+
+    def sheddable(self) -> bool:
         return self._idle
 
     def closing(self) -> bool:
@@ -166,6 +170,7 @@ def test_headers_sent_a_byte_at_a_time_do_not_hold_the_connection(short: Daemon)
     assert took is not None and took <= 2.5
 
 
+@pytest.mark.slow
 def test_a_body_sent_a_byte_at_a_time_is_cut_at_the_request_deadline(short: Daemon) -> None:
     before = _closed_total(short, "request_timeout")
     # the report's own body deadline (5 s, a 408) is longer than this daemon's request deadline
@@ -175,6 +180,7 @@ def test_a_body_sent_a_byte_at_a_time_is_cut_at_the_request_deadline(short: Daem
     assert _closed_total(short, "request_timeout", at_least=before + 1) == before + 1
 
 
+@pytest.mark.slow
 def test_a_keep_alive_client_is_not_cut_by_deadlines_that_its_requests_meet(short: Daemon) -> None:
     conn = http.client.HTTPConnection(*_addr(short), timeout=5)
     try:
@@ -206,8 +212,98 @@ def test_the_connection_series_are_exposed(short: Daemon) -> None:
     text = short.get("/metrics").text
     assert re.search(r"^gpumon_http_connections [1-9]", text, re.M)
     assert re.search(r"^gpumon_http_connections_limit \d+", text, re.M)
-    for reason in ("header_timeout", "request_timeout", "shed"):
+    for reason in ("header_timeout", "request_timeout", "write_timeout", "header_too_large", "shed"):
         assert f'gpumon_http_connections_closed_total{{reason="{reason}"}}' in text
+
+
+@pytest.mark.slow
+def test_a_client_that_pipelines_requests_and_never_reads_is_cut_at_the_request_deadline(
+    short: Daemon,
+) -> None:
+    """Found by review: 40 pipelined /metrics and no reading stalled the writes, so the connection was never
+    idle and no deadline applied; 256 of them held every slot of a 256-connection daemon."""
+    before = _closed_total(short, "write_timeout")
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connecting, or it is not used
+        sock.connect(_addr(short))
+        start = time.monotonic()
+        # more answers (~60 KB each) than the kernel's socket buffers hold, so the daemon's writes stall
+        sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n" * 400)
+        time.sleep(3.5)  # past the request deadline (2 s) with the answers unread
+        assert short.get("/healthz").status_code == 200
+        sock.settimeout(5.0)
+        try:
+            while sock.recv(1 << 20):  # what was sent before the cut
+                pass
+        except ConnectionResetError:
+            pass
+        assert time.monotonic() - start < 10.0
+    assert _closed_total(short, "write_timeout", at_least=before + 1) == before + 1
+    time.sleep(0.5)
+    assert not [line for line in short.log if "Exception in ASGI application" in line], short.log[-20:]
+
+
+def test_a_request_head_without_an_end_is_refused_at_64_kib(short: Daemon) -> None:
+    with socket.create_connection(_addr(short)) as sock:
+        sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Big: ")
+        sock.settimeout(5.0)
+        answer = b""
+        try:
+            for _ in range(40):
+                sock.sendall(b"a" * 4096)
+        except OSError:
+            pass
+        try:
+            while chunk := sock.recv(65536):
+                answer += chunk
+        except OSError:
+            pass
+    assert answer.startswith(b"HTTP/1.1 431 "), answer[:200]
+    assert _closed_total(short, "header_too_large", at_least=1) >= 1
+
+
+def test_upgrade_requests_neither_flood_the_log_nor_leak_connections(short: Daemon) -> None:
+    request = (
+        b"GET / HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
+        b"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n"
+    )
+    for _ in range(50):
+        with socket.create_connection(_addr(short)) as sock:
+            sock.sendall(request)
+            sock.settimeout(5.0)
+            assert sock.recv(65536).startswith(b"HTTP/1.1 ")  # answered as a plain request
+    assert not [line for line in short.log if "upgrade" in line.lower()], short.log[-10:]
+    end = time.monotonic() + 5
+    while time.monotonic() < end:
+        text = short.get("/metrics", params={"name[]": "gpumon_http_connections"}).text
+        if re.search(r"^gpumon_http_connections [12]\.0$", text, re.M):
+            break
+        time.sleep(0.3)
+    else:
+        raise AssertionError(text)
+
+
+@pytest.mark.slow
+def test_a_tls_client_that_never_says_hello_is_closed_at_the_header_deadline(tmp_path: Path) -> None:
+    import yaml
+    from support.certs import make
+
+    certs = make(tmp_path)
+    config = tmp_path / "web.yml"
+    config.write_text(
+        yaml.safe_dump(
+            {"tls_server_config": {"cert_file": str(certs.server_cert), "key_file": str(certs.server_key)}}
+        )
+    )
+    d = start_daemon(
+        "--simulate", "1xH100-SXM", "--web-config", str(config), "--header-timeout", "1s", ready=False
+    )
+    try:
+        with socket.create_connection(_addr(d)) as sock:
+            took = _closed_by_peer(sock, within=10.0)  # asyncio's own handshake deadline is 60 s
+        assert took is not None and took <= 3.0
+    finally:
+        d.stop()
 
 
 @pytest.mark.slow

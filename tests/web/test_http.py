@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gzip
 import re
 import subprocess
 import time
@@ -52,7 +51,9 @@ def test_metrics_gzip_when_accepted(node) -> None:
     raw = node.get("/metrics", headers={"Accept-Encoding": "identity"})
     assert "content-encoding" not in raw.headers
     assert "gpumon_gpu_up" in r.text  # httpx decoded it
-    assert gzip.decompress(gzip.compress(b"x")) == b"x"
+    assert r.headers["vary"] == raw.headers["vary"] == "Accept-Encoding"  # caches keep the two apart
+    refused = node.get("/metrics", headers={"Accept-Encoding": "gzip;q=0"})
+    assert "content-encoding" not in refused.headers
 
 
 def test_metrics_name_filter(node) -> None:
@@ -213,3 +214,25 @@ def test_deep_telemetry_end_to_end_xid_compat_and_owner_labels(daemon) -> None:
     assert body["events"]["recent"][-1]["xid_info"]["code"] == 79
     assert gpus[0]["owner"]["owner"]["pod"].startswith("llm-pretrain-")
     assert gpus[0]["owner"]["processes"][0]["pid"] >= 20000
+
+
+@pytest.mark.parametrize(
+    ("header", "gzipped"),
+    [
+        ("gzip", True),
+        ("gzip, deflate, br", True),
+        ("x-gzip", True),
+        ("*", True),
+        ("GZIP;q=0.5", True),
+        ("gzip;q=0", False),
+        ("gzip;q=0, *", False),
+        ("nogzip", False),
+        ("identity", False),
+        ("", False),
+        ("gzip;q=nonsense", False),
+    ],
+)
+def test_accept_encoding_is_parsed_not_searched(header: str, gzipped: bool) -> None:
+    from gpumon.web.server import accepts_gzip
+
+    assert accepts_gzip(header) is gzipped
