@@ -162,7 +162,8 @@ def guarded(protocol_class: type[asyncio.Protocol], gate: Gate) -> type[asyncio.
             super()._start_asgi_task(cycle, app)
 
         def data_received(self, data: bytes) -> None:
-            heading = self.idle()
+            # between requests (not the rest of a body still arriving after its answer, as after a 413)
+            heading = self.idle() and not self._reading()
             if heading:
                 if self._request_deadline is None:
                     # the first byte of a request: from here it has request_timeout in all
@@ -181,10 +182,12 @@ def guarded(protocol_class: type[asyncio.Protocol], gate: Gate) -> type[asyncio.
                 return
             if cycle is not None and cycle is self._current and not cycle.more_body:
                 self._disarm_request()  # the whole request arrived; the response is ours to make
+                if self._deadline is None and self.idle() and not self.closing():
+                    self._arm(gate.limits.header_timeout, "header_timeout")  # answered before its body ended
 
         def on_response_complete(self) -> None:
             super().on_response_complete()
-            if not self.transport.is_closing() and self.idle():
+            if not self.transport.is_closing() and self.idle() and not self._reading():
                 self._arm(gate.limits.header_timeout, "header_timeout")
 
         def pause_writing(self) -> None:
