@@ -104,10 +104,27 @@ _TABLE: tuple[_Entry, ...] = (
     _entry("A100 SXM4 80GB", _A100, 2.039, ["a100 sxm4 80gb", "a100 sxm 80gb"], nvlink=600 * G, pcie_gen=4),
     _entry("A100 PCIe 40GB", _A100, 1.555, ["a100 pcie 40gb"], pcie_gen=4),
     _entry("A100 PCIe 80GB", _A100, 1.935, ["a100 pcie 80gb"], pcie_gen=4),
+    # A800: A100 compute with NVLink cut to 400 GB/s (REFERENCE gives no NVLink figure); 80 GB parts only,
+    # as REFERENCE lists them ("NVIDIA A800-SXM4-80GB", "NVIDIA A800 80GB PCIe")
+    _entry("A800 SXM4 80GB", _A100, 2.039, ["a800 sxm4 80gb", "a800 sxm 80gb"], pcie_gen=4),
+    _entry("A800 PCIe 80GB", _A100, 1.935, ["a800 pcie 80gb"], pcie_gen=4),
     # tokens, so "a10" is never A100 and A10G (AWS's variant, no NVIDIA datasheet) is unknown
     _entry("A10", (31.2, 62.5, 125.0, 125.0, None), 0.6, ["a10"], pcie_gen=4),
     _entry("L4", (30.3, 60.0, 121.0, 121.0, 242.0), 0.3, ["l4"], pcie_gen=4),
     _entry("L40S", (91.6, 183.0, 362.0, 362.0, 733.0), 0.864, ["l40s"], pcie_gen=4),
+    # "l40" is its own token: "NVIDIA L40S" is never this row, nor this one L40S
+    _entry("L40", (90.5, 90.5, 181.0, 181.0, 362.0), 0.864, ["l40"], pcie_gen=4),
+    # "NVIDIA RTX 6000 Ada Generation"; the Turing "Quadro RTX 6000" lacks "ada"
+    _entry("RTX 6000 Ada", (91.1, 182.0, 364.0, 364.0, 728.5), 0.96, ["rtx 6000 ada"], pcie_gen=4),
+    # with FP32 accumulate, as training runs; the cut "RTX 4090 D" and the laptop chip (another die) are not
+    _entry(
+        "GeForce RTX 4090",
+        (82.6, 82.6, 165.0, 165.0, None),
+        1.0,
+        ["rtx 4090"],
+        excluded="d laptop",
+        pcie_gen=4,
+    ),
     # H100 SXM reports as "NVIDIA H100 80GB HBM3" (the PCIe card is HBM2e, the NVL names itself); a bare
     # "H100" could be any of three peaks and stays unknown
     _entry(
@@ -123,16 +140,24 @@ _TABLE: tuple[_Entry, ...] = (
     _entry("H100 NVL", (60.0, 417.5, 835.5, 835.5, 1671.0), 3.9, ["h100 nvl"], pcie_gen=5),
     # the SXM part is plain "NVIDIA H200"
     _entry("H200 SXM", _HOPPER_SXM, 4.8, ["h200"], excluded="nvl pcie", nvlink=900 * G, pcie_gen=5),
-    _entry("H200 NVL", (60.0, 420.0, 840.0, 840.0, 1680.0), 4.8, ["h200 nvl"], pcie_gen=5),
+    _entry("H200 NVL", (60.0, 417.5, 835.5, 835.5, 1671.0), 4.8, ["h200 nvl"], pcie_gen=5),
+    # H800: H100 SXM compute with NVLink cut (REFERENCE gives no figure). Its SXM part names itself plain
+    # "NVIDIA H800" or "NVIDIA H800 80GB HBM3"; "H800 PCIe" and "H800 NVL" are other clocks, not this row
+    _entry("H800 SXM", _HOPPER_SXM, 3.35, ["h800"], excluded="pcie nvl", pcie_gen=5),
+    # GH200: the superchip's Hopper GPU, attached to Grace by NVLink-C2C. The 96 GB HBM3 parts name the
+    # superchip's memory ("NVIDIA GH200 480GB", "NVIDIA GH200 120GB"), the 144 GB HBM3e part its HBM
+    # ("NVIDIA GH200 144G HBM3e"); a bare "GH200" has the compute but not the bandwidth
+    _entry("GH200", _HOPPER_SXM, None, ["gh200"], nvlink=900 * G),
+    _entry("GH200 HBM3", _HOPPER_SXM, 4.0, ["gh200 480gb", "gh200 120gb", "gh200 96gb"], nvlink=900 * G),
+    _entry("GH200 HBM3e", _HOPPER_SXM, 4.9, ["gh200 hbm3e", "gh200 144g"], nvlink=900 * G),
     # REFERENCE's 4.0 TB/s is the 96 GB HBM3 H20; an HBM3e (141 GB) H20 has been sold since, so names that
     # say so are not this row
-    _entry("H20", (None, None, 148.0, 148.0, 296.0), 4.0, ["h20"], excluded="3e hbm3e 141gb", pcie_gen=5),
+    _entry("H20", (44.0, 74.0, 148.0, 148.0, 296.0), 4.0, ["h20"], excluded="3e hbm3e 141gb", pcie_gen=5),
     _entry("B200", (80.0, None, 2250.0, 2250.0, 4500.0), 8.0, ["b200"], nvlink=1800 * G, pcie_gen=5),
     # GB200: per GPU; attached to Grace by NVLink-C2C, not PCIe
     _entry("GB200", (None, None, 2500.0, 2500.0, 5000.0), 8.0, ["gb200"], nvlink=1800 * G),
-    # Not here on purpose: GH200 ("NVIDIA GH200 480GB": a Hopper GPU, but 96 GB HBM3 and 144 GB HBM3e SKUs
-    # share the name and the module's power budget is shared with the Grace CPU; REFERENCE gives no row),
-    # H800/H20-3e/A800/L40/A10G/RTX parts (no REFERENCE row). They are unknown: MFU needs an override.
+    # Not here on purpose: H20-3e, A10G, A800 40GB, H800 PCIe/NVL, RTX 4090 D and other parts REFERENCE
+    # gives no row (or no figures) for. They are unknown: MFU needs an override.
 )
 
 

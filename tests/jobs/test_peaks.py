@@ -12,22 +12,31 @@ T = 1e12
 G = 1e9
 
 # REFERENCE.md "Peak dense throughput", row for row: model -> (fp32, tf32, bf16, fp16, fp8) TFLOP/s, HBM TB/s
-TABLE: dict[str, tuple[tuple[float | None, ...], float]] = {
+TABLE: dict[str, tuple[tuple[float | None, ...], float | None]] = {
     "V100 SXM2": ((15.7, None, None, 125, None), 0.9),
     "V100 PCIe": ((14, None, None, 112, None), 0.9),
     "A100 SXM4 40GB": ((19.5, 156, 312, 312, None), 1.555),
     "A100 SXM4 80GB": ((19.5, 156, 312, 312, None), 2.039),
     "A100 PCIe 40GB": ((19.5, 156, 312, 312, None), 1.555),
     "A100 PCIe 80GB": ((19.5, 156, 312, 312, None), 1.935),
+    "A800 SXM4 80GB": ((19.5, 156, 312, 312, None), 2.039),
+    "A800 PCIe 80GB": ((19.5, 156, 312, 312, None), 1.935),
     "A10": ((31.2, 62.5, 125, 125, None), 0.6),
     "L4": ((30.3, 60, 121, 121, 242), 0.3),
+    "L40": ((90.5, 90.5, 181, 181, 362), 0.864),
     "L40S": ((91.6, 183, 362, 362, 733), 0.864),
+    "RTX 6000 Ada": ((91.1, 182, 364, 364, 728.5), 0.96),
+    "GeForce RTX 4090": ((82.6, 82.6, 165, 165, None), 1.0),
     "H100 SXM": ((67, 494.5, 989.5, 989.5, 1979), 3.35),
     "H100 PCIe": ((51.2, 378, 756, 756, 1513), 2.0),
     "H100 NVL": ((60, 417.5, 835.5, 835.5, 1671), 3.9),
     "H200 SXM": ((67, 494.5, 989.5, 989.5, 1979), 4.8),
-    "H200 NVL": ((60, 420, 840, 840, 1680), 4.8),
-    "H20": ((None, None, 148, 148, 296), 4.0),
+    "H200 NVL": ((60, 417.5, 835.5, 835.5, 1671), 4.8),  # corrected in REFERENCE on 2026-11-26 (was 840)
+    "H800 SXM": ((67, 494.5, 989.5, 989.5, 1979), 3.35),
+    "GH200": ((67, 494.5, 989.5, 989.5, 1979), None),  # the name does not say which HBM
+    "GH200 HBM3": ((67, 494.5, 989.5, 989.5, 1979), 4.0),
+    "GH200 HBM3e": ((67, 494.5, 989.5, 989.5, 1979), 4.9),
+    "H20": ((44, 74, 148, 148, 296), 4.0),
     "B200": ((80, None, 2250, 2250, 4500), 8.0),
     "GB200": ((None, None, 2500, 2500, 5000), 8.0),
 }
@@ -56,6 +65,18 @@ OTHER_KNOWN_NAMES = {
     "NVIDIA H20": "H20",
     "NVIDIA B200": "B200",
     "NVIDIA GB200": "GB200",
+    # the rows REFERENCE gained on 2026-11-26, by the names NVML gives them
+    "NVIDIA A800-SXM4-80GB": "A800 SXM4 80GB",
+    "NVIDIA A800 80GB PCIe": "A800 PCIe 80GB",
+    "NVIDIA L40": "L40",
+    "NVIDIA RTX 6000 Ada Generation": "RTX 6000 Ada",
+    "NVIDIA GeForce RTX 4090": "GeForce RTX 4090",
+    "NVIDIA H800": "H800 SXM",
+    "NVIDIA H800 80GB HBM3": "H800 SXM",
+    "NVIDIA GH200 480GB": "GH200 HBM3",
+    "NVIDIA GH200 120GB": "GH200 HBM3",
+    "NVIDIA GH200 144G HBM3e": "GH200 HBM3e",
+    "NVIDIA GH200": "GH200",
     # spellings a person types into a config or a flag
     "nvidia h100 80gb hbm3": "H100 SXM",
     "  NVIDIA   H100   PCIe  ": "H100 PCIe",
@@ -70,7 +91,6 @@ OTHER_KNOWN_NAMES = {
 UNKNOWN = [
     "",
     "   ",
-    "NVIDIA L40",  # no S: another GPU (no REFERENCE row)
     "NVIDIA A10G",  # AWS's A10 variant: no NVIDIA datasheet to cite
     "NVIDIA A100",  # which A100? HBM bandwidth differs by form and size
     "NVIDIA A100 80GB",
@@ -79,13 +99,15 @@ UNKNOWN = [
     "Tesla V100S-PCIE-32GB",  # V100S: other clocks
     "Tesla V100-SXM3-32GB",  # DGX-2's V100: other clocks
     "Tesla V100-FHHL-16GB",
-    "NVIDIA GH200 480GB",  # Hopper, but no REFERENCE row and SKUs differ in HBM (see peaks.py)
-    "NVIDIA H800",
-    "NVIDIA A800-SXM4-80GB",
+    "NVIDIA H800 PCIe",  # other clocks than the H800 SXM row
+    "NVIDIA H800 NVL",
+    "NVIDIA A800-SXM4-40GB",  # REFERENCE gives the 80 GB parts only
+    "NVIDIA GeForce RTX 4090 D",  # cut compute: never the RTX 4090's peak
+    "NVIDIA GeForce RTX 4090 Laptop GPU",  # another die
+    "Quadro RTX 6000",  # Turing, not the Ada card
     "NVIDIA H20-3e",
     "NVIDIA H20 141GB HBM3e",
     "NVIDIA RTX A6000",  # the simulator's non-datacenter GPU
-    "NVIDIA GeForce RTX 4090",
     "NVIDIA B300",
     "NVIDIA H100 80GB HBM3 MIG 1g.10gb",  # a MIG slice has a fraction of the peak
     "NVIDIA H100 PCIe NVL",  # two entries match equally: ambiguous
@@ -103,7 +125,7 @@ def test_every_row_is_the_reference_table(model: str) -> None:
     flops, hbm = TABLE[model]
     expected = [None if v is None else v * T for v in flops]
     assert [entry.flops(d) for d in DTYPES] == pytest.approx(expected)
-    assert entry.hbm_bytes_per_second == pytest.approx(hbm * T)
+    assert entry.hbm_bytes_per_second == (None if hbm is None else pytest.approx(hbm * T))
 
 
 def test_the_table_has_exactly_the_reference_rows() -> None:
@@ -139,7 +161,8 @@ def test_near_misses_are_told_apart() -> None:
     assert peak_flops("NVIDIA H100 PCIe", "bf16") == 756 * T
     assert peak_flops("NVIDIA H100 80GB HBM3", "bf16") == 989.5 * T
     assert peak_flops("NVIDIA H200", "fp8") == 1979 * T
-    assert peak_flops("NVIDIA H200 NVL", "fp8") == 1680 * T
+    assert peak_flops("NVIDIA H200 NVL", "fp8") == 1671 * T
+    assert lookup("NVIDIA L40").model == "L40" and lookup("NVIDIA L40S").model == "L40S"  # type: ignore[union-attr]
     # same compute, different memory
     sxm, pcie = lookup("NVIDIA A100-SXM4-80GB"), lookup("NVIDIA A100 80GB PCIe")
     assert sxm is not None and pcie is not None
@@ -152,7 +175,8 @@ def test_absent_dtypes_are_none() -> None:
     assert peak_flops("Tesla V100-SXM2-32GB", "fp16") == 125 * T
     assert peak_flops("Tesla V100-PCIE-16GB", "fp16") == 112 * T
     assert peak_flops("NVIDIA A100-SXM4-80GB", "fp8") is None
-    assert peak_flops("NVIDIA H20", "fp32") is None
+    assert peak_flops("NVIDIA H20", "fp32") == 44 * T
+    assert peak_flops("NVIDIA GeForce RTX 4090", "fp8") is None  # REFERENCE gives none
     assert peak_flops("NVIDIA B200", "tf32") is None
     assert peak_flops("NVIDIA GB200", "bf16") == 2500 * T
 
@@ -171,6 +195,8 @@ def test_links() -> None:
     assert links("NVIDIA GB200") == (1800 * G, None)  # NVLink-C2C to Grace, not PCIe
     assert links("NVIDIA L4") == (None, 32 * G)
     assert links("Tesla V100-SXM2-32GB") == (None, 16 * G)
+    assert links("NVIDIA GH200 480GB") == (900 * G, None)  # NVLink-C2C to Grace, not PCIe
+    assert links("NVIDIA H800") == (None, 64 * G)  # cut NVLink: REFERENCE gives no figure
 
 
 def test_unknown_dtype_is_a_programming_error() -> None:
