@@ -40,7 +40,7 @@ PCIE_RX_RATE = metric(
 PCIE_GEN = metric(
     "gpumon_gpu_pcie_link_generation",
     "gauge",
-    "Current PCIe link generation (drops when idle to save power).",
+    "Current PCIe link generation (some boards drop it when idle to save power; H100 and H200 do not).",
     source="nvmlDeviceGetCurrPcieLinkGeneration",
     field="pcie_link_generation",
 )

@@ -53,6 +53,25 @@ def test_whole_gpu_utilisation_is_absent_under_mig_and_present_without(mig_node)
     assert snap.gpus[0].reading.remapped_rows_correctable is None
 
 
+def test_nvlink_is_not_supported_on_a_gpu_in_mig_mode(mig_node) -> None:
+    """Real NVML answers NOT_SUPPORTED to NVLink queries on a GPU in MIG mode (nvidia_gpu_exporter's H100 MIG
+    capture, driver 590.48.01); the simulator answered 18 links up and terabytes of traffic."""
+    sim, sampler = mig_node()
+    mig, plain = sim.gpus[0], sim.gpus[1]
+    with pytest.raises(pynvml.NVMLError) as err:
+        sim.nvmlDeviceGetNvLinkState(mig, 0)
+    assert err.value.value == pynvml.NVML_ERROR_NOT_SUPPORTED
+    assert sim.nvmlDeviceGetNvLinkState(plain, 0) == pynvml.NVML_FEATURE_ENABLED
+    fids = [pynvml.NVML_FI_DEV_NVLINK_LINK_COUNT, (pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, 0)]
+    assert [v.nvmlReturn for v in sim.nvmlDeviceGetFieldValues(mig, fids)] == [
+        pynvml.NVML_ERROR_NOT_SUPPORTED
+    ] * 2
+    assert [v.nvmlReturn for v in sim.nvmlDeviceGetFieldValues(plain, fids)] == [pynvml.NVML_SUCCESS] * 2
+    snap = sampler.sweep()
+    uuids = {s.labels["uuid"] for f in build_families(snap) if "nvlink" in f.name for s in f.samples}
+    assert uuids == {snap.gpus[1].info.uuid}  # no NVLink series for the GPU in MIG mode
+
+
 def test_per_instance_gpm_follows_the_instance(mig_node, clock) -> None:
     sim, sampler = mig_node()
     sampler.sweep()

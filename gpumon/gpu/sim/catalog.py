@@ -38,6 +38,11 @@ class SimModel:
     remapped_rows: bool = True
     mig: bool = False
     mig_layout: tuple[str, ...] = ()  # MIG instances (profiles such as "3g.40gb"); empty: MIG off
+    # what real boards do at idle (docs/simulator.md says which entries a capture checked)
+    memory_clock_idle_mhz: int | None = None  # None: the memory clock holds (HBM parts)
+    pcie_idle_generation: int | None = None  # None: the link keeps its generation (datacenter boards)
+    persistence: bool = True
+    pci_device_id: int = 0  # nvmlPciInfo_t.pciDeviceId, device id << 16 | 0x10DE
 
     @property
     def gpm(self) -> bool:
@@ -64,6 +69,7 @@ MODELS: dict[str, SimModel] = {
             board_part_number="692-2G520-0200-000",
             vbios="96.00.99.00.01",
             mig=True,
+            pci_device_id=0x233010DE,
         ),
         SimModel(
             "H100-PCIe",
@@ -81,6 +87,7 @@ MODELS: dict[str, SimModel] = {
             board_part_number="900-21010-0000-000",
             vbios="96.00.30.00.01",
             mig=True,
+            pci_device_id=0x233110DE,
         ),
         SimModel(
             "H100-NVL",
@@ -98,6 +105,7 @@ MODELS: dict[str, SimModel] = {
             board_part_number="900-21010-0020-000",
             vbios="96.00.81.00.01",
             mig=True,
+            pci_device_id=0x232110DE,
         ),
         SimModel(
             "H200",
@@ -115,6 +123,7 @@ MODELS: dict[str, SimModel] = {
             board_part_number="692-2G520-0280-000",
             vbios="96.00.AF.00.01",
             mig=True,
+            pci_device_id=0x233510DE,
         ),
         SimModel(
             "A100-SXM4-80GB",
@@ -134,6 +143,7 @@ MODELS: dict[str, SimModel] = {
             pcie_counters=False,
             throttle_time_fields=False,
             mig=True,
+            pci_device_id=0x20B210DE,
         ),
         SimModel(
             "A100-PCIe",
@@ -153,6 +163,7 @@ MODELS: dict[str, SimModel] = {
             pcie_counters=False,
             throttle_time_fields=False,
             mig=True,
+            pci_device_id=0x20B510DE,
         ),
         SimModel(
             "L40S",
@@ -171,7 +182,9 @@ MODELS: dict[str, SimModel] = {
             vbios="95.02.66.00.02",
             hbm=False,
             pcie_counters=False,
-            throttle_time_fields=False,
+            pci_device_id=0x26B910DE,
+            memory_clock_idle_mhz=405,
+            persistence=False,
         ),
         SimModel(
             "L4",
@@ -191,6 +204,7 @@ MODELS: dict[str, SimModel] = {
             hbm=False,
             pcie_counters=False,
             throttle_time_fields=False,
+            pci_device_id=0x27B810DE,
         ),
         SimModel(
             "RTX-A6000",
@@ -213,6 +227,8 @@ MODELS: dict[str, SimModel] = {
             throttle_time_fields=False,
             ecc=False,
             remapped_rows=False,
+            pci_device_id=0x223010DE,
+            pcie_idle_generation=1,
         ),
         SimModel(
             "B200",
@@ -230,6 +246,7 @@ MODELS: dict[str, SimModel] = {
             board_part_number="692-2G525-0200-000",
             vbios="97.00.6F.00.01",
             mig=True,
+            pci_device_id=0x290110DE,
         ),
     )
 }

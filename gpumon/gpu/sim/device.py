@@ -84,7 +84,9 @@ class SimGpu:
         self.uuid = f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
         self.pci_bus_id = f"{index // 8:08X}:{_HGX_BUSES[index % 8]:02X}:00.0"
         self.serial = str(1650000000000 + _mix(seed, index, 7) % 10**9)
-        self.persistence_mode = pynvml.NVML_FEATURE_ENABLED
+        self.persistence_mode = (
+            pynvml.NVML_FEATURE_ENABLED if model.persistence else pynvml.NVML_FEATURE_DISABLED
+        )
         self.unsupported = unsupported  # the calls and field ids its model lacks
         self.lock = threading.Lock()
         self.processes: list[SimProcess] | None = None  # a test's fixed process list; None: the job's

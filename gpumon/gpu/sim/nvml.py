@@ -239,7 +239,7 @@ class SimNvml(SimEvents, SimMig, SimGpm, SimProcesses):
         info.busIdLegacy = gpu.pci_bus_id
         domain, bus, _ = gpu.pci_bus_id.split(":")
         info.domain, info.bus, info.device = int(domain, 16), int(bus, 16), 0
-        info.pciDeviceId = 0x233010DE
+        info.pciDeviceId = gpu.model.pci_device_id
         return info
 
     def nvmlDeviceGetSerial(self, handle: SimGpu) -> str:
@@ -353,6 +353,8 @@ class SimNvml(SimEvents, SimMig, SimGpm, SimProcesses):
 
     def nvmlDeviceGetNvLinkState(self, device: SimGpu, link: int) -> int:
         gpu = self._gpu(device, "nvmlDeviceGetNvLinkState")
+        if gpu.mig:  # as real NVML: NVLink is not queryable on a GPU in MIG mode
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
         if not 0 <= link < gpu.model.nvlinks:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         return pynvml.NVML_FEATURE_ENABLED if gpu.state.link_up[link] else pynvml.NVML_FEATURE_DISABLED
@@ -385,6 +387,8 @@ class SimNvml(SimEvents, SimMig, SimGpm, SimProcesses):
         s, m = gpu.state, gpu.model
         if fid not in _FIELDS_KNOWN or fid in gpu.unsupported:
             return pynvml.NVML_ERROR_NOT_SUPPORTED, _ULL, 0
+        if gpu.mig and (fid == FI_NVLINK_COUNT or fid in FI_NVLINK):
+            return pynvml.NVML_ERROR_NOT_SUPPORTED, _ULL, 0  # NVLink, in MIG mode: as real NVML
         if fid == FI_MEMORY_TEMP:
             return pynvml.NVML_SUCCESS, _UINT, int(s.mem_temp_c)
         if fid == FI_NVLINK_COUNT:
