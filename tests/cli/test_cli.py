@@ -196,39 +196,15 @@ def test_no_processes_and_no_profiling_leave_those_readings_out() -> None:
 def test_cli_commands_give_up_on_a_daemon_that_trickles_its_answer(scheme: str, tmp_path) -> None:
     """Found by review: the CLI's 5 s timeout bounded each read, so a process on the daemon's port (or
     socket) answering a byte a second held `gpumon diagnose` for good. Now the whole request has 5 s."""
-    import threading
     import time
 
-    if scheme == "unix":
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        listener.bind(str(tmp_path / "d.sock"))
-        url = f"unix://{tmp_path / 'd.sock'}"
-    else:
-        listener = socket.socket()
-        listener.bind(("127.0.0.1", 0))
-        url = f"http://127.0.0.1:{listener.getsockname()[1]}"
-    listener.listen(1)
-    stop = threading.Event()
+    from support.trickle import trickling
 
-    def trickle() -> None:
-        conn, _ = listener.accept()
-        with conn:
-            conn.recv(65536)
-            for byte in b"HTTP/1.1 200 OK\r\n" + b"X-Slow: " + b"a" * 100:
-                if stop.wait(0.5):
-                    return
-                conn.sendall(bytes([byte]))
-
-    thread = threading.Thread(target=trickle, daemon=True)
-    thread.start()
-    try:
+    reply = b"HTTP/1.1 200 OK\r\n" + b"X-Slow: " + b"a" * 100
+    with trickling("unix" if scheme == "unix" else "http", tmp_path, reply, every=0.5) as url:
         start = time.monotonic()
         out = run_gpumon("diagnose", "--job", "x", "--url", url, timeout=30)
         took = time.monotonic() - start
-    finally:
-        stop.set()
-        thread.join(5)
-        listener.close()
     assert out.returncode != 0 and "cannot reach the gpumon daemon" in out.stderr, out.stderr
     assert "timed out" in out.stderr and len(out.stderr.strip().splitlines()) == 1
     assert took < 12, f"{took:.1f} s against the CLI's 5 s"

@@ -317,48 +317,20 @@ def test_a_daemon_that_trickles_its_reply_cannot_hold_a_report_past_its_deadline
     """One byte every 0.2 s: each read is well within the socket timeout, so before, a report never ended (the
     timeout bounded each read, not the report). Now connect, send and read share one deadline."""
     from support import certs
+    from support.trickle import trickling
 
     reply = b"HTTP/1.1 204 No Content\r\n" + b"X-Slow: " + b"a" * 200 + b"\r\n\r\n"
-    stop = threading.Event()
-    if scheme == "unix":
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        listener.bind(str(tmp_path / "d.sock"))
-        url = f"unix://{tmp_path / 'd.sock'}"
-    else:
-        listener = socket.socket()
-        listener.bind(("127.0.0.1", 0))
-        url = f"{scheme}://localhost:{listener.getsockname()[1]}"
-    listener.listen(1)
-    wrap: Callable[[socket.socket], socket.socket] = lambda s: s  # noqa: E731
+    tls = None
     if scheme == "https":
         import ssl
 
         made = certs.make(tmp_path)
-        server_ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        server_ctx.load_cert_chain(made.server_cert, made.server_key)
+        tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        tls.load_cert_chain(made.server_cert, made.server_key)
         monkeypatch.setenv("SSL_CERT_FILE", str(made.ca))  # the SDK trusts the system's CAs, and this one
-
-        def wrap(s: socket.socket) -> socket.socket:
-            return server_ctx.wrap_socket(s, server_side=True)
-
-    def serve() -> None:
-        conn, _ = listener.accept()
-        with wrap(conn) as c:
-            c.recv(65536)
-            for byte in reply:
-                if stop.wait(0.2):
-                    return
-                c.sendall(bytes([byte]))
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    try:
+    with trickling(scheme, tmp_path, reply, every=0.2, tls=tls) as url:
         start = time.monotonic()
         status, detail = Transport(url, timeout=1.0).post(b"{}")
         took = time.monotonic() - start
-    finally:
-        stop.set()
-        thread.join(10)
-        listener.close()
     assert status == 0 and "timed out" in detail, detail
     assert took < 1.5, f"the report took {took:.2f} s against a 1 s deadline"
