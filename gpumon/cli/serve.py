@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import ipaddress
 import logging
 import os
@@ -318,7 +319,7 @@ def _server(
                 unix = sock.family == AF_UNIX
                 tls = None if unix else self.config.ssl
                 server = await loop.create_server(
-                    self._unix_protocol if unix else self._tcp_protocol,
+                    functools.partial(self._protocol, unix_config if unix else self.config),
                     sock=sock,
                     backlog=self.config.backlog,
                     ssl=tls,
@@ -332,14 +333,9 @@ def _server(
             if sim_training is not None:
                 sim_training.start()
 
-        def _tcp_protocol(self) -> asyncio.Protocol:
-            return self.config.http_protocol_class(  # type: ignore[call-arg]
-                config=self.config, server_state=self.server_state, app_state=self.lifespan.state
-            )
-
-        def _unix_protocol(self) -> asyncio.Protocol:
-            return unix_config.http_protocol_class(  # type: ignore[call-arg]
-                config=unix_config, server_state=self.server_state, app_state=self.lifespan.state
+        def _protocol(self, config: uvicorn.Config) -> asyncio.Protocol:
+            return config.http_protocol_class(  # type: ignore[call-arg]
+                config=config, server_state=self.server_state, app_state=self.lifespan.state
             )
 
         async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:

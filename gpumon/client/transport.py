@@ -34,6 +34,16 @@ MAX_BACKOFF = 30.0
 MAX_REJECTION_LOGS = 8
 
 
+def _remaining(deadline: float) -> float | None:
+    """Seconds left until ``deadline``; None without one (the socket's own timeout applies)."""
+    if deadline == math.inf:
+        return None
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise socket.timeout("timed out: no answer within the report's deadline")  # noqa: UP041 (3.9)
+    return left
+
+
 class _Deadline:
     """A socket whose every send and receive waits at most until ``deadline`` (time.monotonic()). A plain
     socket timeout bounds each call alone, so a daemon that trickles its reply a byte a second would hold a
@@ -42,12 +52,9 @@ class _Deadline:
     deadline = math.inf
 
     def _arm(self) -> None:
-        if self.deadline == math.inf:  # used outside Transport.post: the socket's own timeout applies
-            return
-        left = self.deadline - time.monotonic()
-        if left <= 0:
-            raise socket.timeout("timed out: no answer within the report's deadline")  # noqa: UP041 (3.9)
-        self.settimeout(left)  # type: ignore[attr-defined]
+        left = _remaining(self.deadline)
+        if left is not None:
+            self.settimeout(left)  # type: ignore[attr-defined]
 
     def recv_into(self, *args: Any, **kwargs: Any) -> int:
         self._arm()
@@ -85,12 +92,8 @@ class DeadlineConnection(http.client.HTTPConnection):
     deadline = math.inf
 
     def _left(self) -> float | None:
-        if self.deadline == math.inf:  # used outside Transport.post (the CLI's daemon client)
-            return self.timeout  # type: ignore[no-any-return]
-        left = self.deadline - time.monotonic()
-        if left <= 0:
-            raise socket.timeout("timed out: no answer within the report's deadline")  # noqa: UP041 (3.9)
-        return left
+        left = _remaining(self.deadline)
+        return self.timeout if left is None else left  # type: ignore[no-any-return]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -64,6 +64,18 @@ def raise_fd_limit() -> int:
     return soft
 
 
+def _cancel(timer: asyncio.TimerHandle | None) -> asyncio.TimerHandle | None:
+    """Cancel a deadline if one is armed; returns what the attribute that held it becomes (None)."""
+    if timer is not None:
+        timer.cancel()
+    return None
+
+
+def _family(m: M.Metric) -> CounterMetricFamily | GaugeMetricFamily:
+    kind = CounterMetricFamily if m.type == "counter" else GaugeMetricFamily
+    return kind(m.name, m.help, labels=m.labels)
+
+
 def connection_cap(wanted: int, fd_limit: int) -> int:
     """``wanted``, lowered so that open connections can never take the fds the daemon itself needs."""
     return max(1, min(wanted, fd_limit - FD_RESERVE))
@@ -107,29 +119,23 @@ class Gate:
 
     def describe(self) -> list[Metric]:
         """Its families by name, so that ``/metrics?name[]=`` can select them."""
-        kinds = {"counter": CounterMetricFamily, "gauge": GaugeMetricFamily}
-        return [kinds[m.type](m.name, m.help, labels=m.labels) for m in M.SERVING]
+        return [_family(m) for m in M.SERVING]
 
     def collect(self) -> Iterator[Metric]:
-        yield GaugeMetricFamily(M.HTTP_CONNECTIONS.name, M.HTTP_CONNECTIONS.help, value=self.open)
-        yield GaugeMetricFamily(
-            M.HTTP_CONNECTIONS_LIMIT.name, M.HTTP_CONNECTIONS_LIMIT.help, value=self.limits.max_connections
-        )
-        closed = CounterMetricFamily(
-            M.HTTP_CONNECTIONS_CLOSED.name,
-            M.HTTP_CONNECTIONS_CLOSED.help,
-            labels=M.HTTP_CONNECTIONS_CLOSED.labels,
-        )
+        f = {m.name: _family(m) for m in M.SERVING}
+        f[M.HTTP_CONNECTIONS.name].add_metric([], self.open)
+        f[M.HTTP_CONNECTIONS_LIMIT.name].add_metric([], self.limits.max_connections)
         for reason in REASONS:
-            closed.add_metric([reason], self.closed[reason])
-        yield closed
+            f[M.HTTP_CONNECTIONS_CLOSED.name].add_metric([reason], self.closed[reason])
+        yield from f.values()
 
 
 def guarded(protocol_class: type[asyncio.Protocol], gate: Gate) -> type[asyncio.Protocol]:
     """``protocol_class`` (uvicorn's httptools or h11 protocol) with the gate's deadlines and cap."""
 
     class Guarded(protocol_class):  # type: ignore[valid-type,misc]
-        _deadline: asyncio.TimerHandle | None = None
+        _deadline: asyncio.TimerHandle | None = None  # for the request's head
+        _request_deadline: asyncio.TimerHandle | None = None  # for the whole request, from its first byte
         _write_deadline: asyncio.TimerHandle | None = None  # armed while the peer does not read
         _current: Any = None  # the request whose headers were last completed (uvicorn's cycle)
         _running: Any = None  # the request being answered (httptools: pipelining puts it behind cycle)
@@ -140,15 +146,13 @@ def guarded(protocol_class: type[asyncio.Protocol], gate: Gate) -> type[asyncio.
             super().connection_made(transport)
             self._loop = asyncio.get_running_loop()
             self._arm(gate.limits.header_timeout, "header_timeout")
-            self._request_deadline: asyncio.TimerHandle | None = None
             gate.admit(self)
 
         def connection_lost(self, exc: Exception | None) -> None:
             gate.release(self)
-            self._disarm()
-            self._disarm_request()
-            if self._write_deadline is not None:
-                self._write_deadline.cancel()
+            self._deadline = _cancel(self._deadline)
+            self._request_deadline = _cancel(self._request_deadline)
+            self._write_deadline = _cancel(self._write_deadline)
             # uvicorn marks only the last parsed request as disconnected; one still being answered behind
             # pipelined ones would then write to a closed transport and log a traceback
             for cycle in (self._running, *(c for c, _ in getattr(self, "pipeline", ()))):
@@ -176,12 +180,13 @@ def guarded(protocol_class: type[asyncio.Protocol], gate: Gate) -> type[asyncio.
             if cycle is not None and cycle is not self._current:
                 self._current = cycle  # headers complete: a new request is in
                 self._head = 0
-                self._disarm()
+                self._deadline = _cancel(self._deadline)
             elif heading and self._head > MAX_HEAD_BYTES and not self.closing():
                 self._refuse_head()  # still no end of the head
                 return
             if cycle is not None and cycle is self._current and not cycle.more_body:
-                self._disarm_request()  # the whole request arrived; the response is ours to make
+                # the whole request arrived; the response is ours to make
+                self._request_deadline = _cancel(self._request_deadline)
                 if self._deadline is None and self.idle() and not self.closing():
                     self._arm(gate.limits.header_timeout, "header_timeout")  # answered before its body ended
 
@@ -199,9 +204,7 @@ def guarded(protocol_class: type[asyncio.Protocol], gate: Gate) -> type[asyncio.
 
         def resume_writing(self) -> None:
             super().resume_writing()
-            if self._write_deadline is not None:
-                self._write_deadline.cancel()
-                self._write_deadline = None
+            self._write_deadline = _cancel(self._write_deadline)
 
         def _unsupported_upgrade_warning(self) -> None:
             # uvicorn warns (twice) for every request asking for an upgrade, before any credentials are
@@ -240,18 +243,8 @@ def guarded(protocol_class: type[asyncio.Protocol], gate: Gate) -> type[asyncio.
             return cycle is not None and cycle is self._current and bool(cycle.more_body)
 
         def _arm(self, seconds: float, reason: str) -> None:
-            self._disarm()
+            _cancel(self._deadline)
             self._deadline = self._loop.call_later(seconds, self.drop, reason)
-
-        def _disarm(self) -> None:
-            if self._deadline is not None:
-                self._deadline.cancel()
-                self._deadline = None
-
-        def _disarm_request(self) -> None:
-            if self._request_deadline is not None:
-                self._request_deadline.cancel()
-                self._request_deadline = None
 
     Guarded.__name__ = Guarded.__qualname__ = f"Guarded{protocol_class.__name__}"
     return Guarded
