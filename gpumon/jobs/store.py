@@ -308,11 +308,12 @@ def _shared_incarnation(r: Report, current: Report) -> str:
 
 
 def _check_seq_jump(old: Report, new: Report) -> None:
-    allowed = SEQ_BURST + SEQ_PER_SECOND * max(0.0, new.time - old.time)
+    elapsed = max(0.0, new.time - old.time)
+    allowed = SEQ_BURST + SEQ_PER_SECOND * elapsed
     if new.seq - old.seq > allowed:
         raise ValueError(
-            f"seq: jumped from {old.seq} to {new.seq} in {max(0.0, new.time - old.time):.0f} s; the SDK "
-            f"numbers its reports one by one (at most {allowed:.0f} here)"
+            f"seq: jumped from {old.seq} to {new.seq} in {elapsed:.0f} s; the SDK numbers its reports one by "
+            f"one (at most {allowed:.0f} here)"
         )
 
 

@@ -72,16 +72,13 @@ class Renderer:
             series = 0
             for metric in families:
                 rows = getattr(metric, "rows", None)  # gpumon.jobs.families.RowFamily
-                if rows is not None and not metric.unit:
-                    series += len(rows)
-                    out.append("".join(self._row_lines(metric, rows, openmetrics_format, dots)))
-                    continue
-                series += len(metric.samples)
-                lines = self._lines(metric, openmetrics_format, dots)
-                if lines is None:
-                    out.append(self._fallback(metric, openmetrics_format, dots))
-                else:
-                    out.append("".join(lines))
+                series += len(metric.samples) if rows is None else len(rows)
+                lines = None if rows is None else self._row_lines(metric, rows, openmetrics_format, dots)
+                if lines is None:  # a family of samples, or rows that need what only samples can do
+                    lines = self._lines(metric, openmetrics_format, dots)
+                out.append(
+                    self._fallback(metric, openmetrics_format, dots) if lines is None else "".join(lines)
+                )
             self._largest = max(self._largest, series)
         if openmetrics_format:
             out.append("# EOF\n")
@@ -107,9 +104,11 @@ class Renderer:
 
     def _row_lines(
         self, metric: Any, rows: list[tuple[str, tuple[str, ...], float]], om: bool, dots: bool
-    ) -> list[str]:
+    ) -> list[str] | None:
         """A RowFamily's lines: its rows are keyed by the label values they carry, so a known series costs a
-        tuple hash and its value; one that needs escaping falls back to the samples' path."""
+        tuple hash and its value. None when a series needs escaping: the samples' path handles it."""
+        if metric.unit:
+            return None
         prefixes = self._dotted if dots else self._prefixes
         name = metric.name
         lines = [self._header(metric, om, dots)]
@@ -123,8 +122,7 @@ class Renderer:
                     name, name + suffix, dict(zip(names, values, strict=True)), dots
                 )
             if not prefix:
-                fallback = self._lines(metric, om, dots)
-                return [self._fallback(metric, om, dots)] if fallback is None else fallback
+                return None
             append(f"{prefix}{floatToGoString(value)}\n")
         return lines
 

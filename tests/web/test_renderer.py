@@ -63,7 +63,9 @@ def row_families():
     h = RowFamily("edge_row_seconds", "a histogram", "histogram", ["job"])
     h.add_metric(["a"], [("0.1", 0.0), ("1.0", 2.0), ("+Inf", 2.0)], 0.7)
     h.add_metric(['q"uote'], [("0.1", 1.0), ("1.0", 1.0), ("+Inf", 3.0)], 9.5)
-    return [g, c, h, RowFamily("edge_row_empty", "none", "gauge", ["x"])]
+    odd = RowFamily("edge_row_odd", "a label name that needs quoting", "gauge", ["odd-name"])
+    odd.add_metric(["v"], 1.0)  # no prefix can be cached for it: the family takes the samples' path
+    return [g, c, h, odd, RowFamily("edge_row_empty", "none", "gauge", ["x"])]
 
 
 def test_a_row_family_has_the_samples_prometheus_clients_own_family_would() -> None:
