@@ -94,6 +94,7 @@ def test_l40s_reports_its_throttle_time_counters() -> None:
         assert ret == pynvml.NVML_SUCCESS, fid
 
 
+@pytest.mark.slow  # a simulated day in 100 ms steps: ~10 s
 def test_no_corrected_ecc_errors_in_a_simulated_day() -> None:
     """Every capture: volatile and aggregate SRAM/DRAM correctable 0 (the simulator made ~12 a day)."""
     board = Board("1xH100-SXM").at(86_400.0)
