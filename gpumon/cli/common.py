@@ -6,11 +6,16 @@ import argparse
 import atexit
 import logging
 import os
+from collections.abc import Callable
+from typing import Any
+
+import pynvml
 
 from gpumon.config import DEFAULT_SIMULATION, Settings
 from gpumon.gpu.attribution.kubelet import PodResources
 from gpumon.gpu.attribution.owners import Attributor
 from gpumon.gpu.attribution.proc import ProcessResolver
+from gpumon.gpu.capture import CaptureError, ReplayNvml, load
 from gpumon.gpu.dcgm import DcgmSource
 from gpumon.gpu.events import EventWatcher
 from gpumon.gpu.nvml import NvmlBackend
@@ -50,6 +55,12 @@ def add_common_options(p: argparse.ArgumentParser, *, gpus: bool = True) -> None
         metavar="SPEC",
         help="with --backend auto: use NVML when a driver is present, otherwise simulate SPEC "
         '(logged loudly and labelled backend="sim")',
+    )
+    g.add_argument(
+        "--replay",
+        metavar="PATH",
+        help="answer NVML calls from a capture (gpumon doctor --capture) instead of this node's GPUs "
+        '(logged loudly and labelled backend="replay"; see docs/captures.md)',
     )
     g.add_argument("--seed", type=str, metavar="N", help="seed for the simulator (default 0)")
     g.add_argument(
@@ -108,21 +119,39 @@ def add_common_options(p: argparse.ArgumentParser, *, gpus: bool = True) -> None
     t.add_argument("--compat", choices=("dcgm",), help="also emit dcgm-exporter metric names and units")
 
 
+Wrap = Callable[[Any], Any] | None  # puts something between the backend and its NVML (a recorder)
 SIM_WARMUP = 120.0  # the simulated node has been training for two minutes when gpumon starts
 
 
-def simulated_backend(spec: str, settings: Settings) -> NvmlBackend:
+def simulated_backend(spec: str, settings: Settings, wrap: Wrap = None) -> NvmlBackend:
     sim = SimNvml(
         spec, seed=settings.seed, warmup=SIM_WARMUP, jobs=settings.sim_jobs, speed=settings.sim_speed
     )
     for fault in settings.sim_faults:
         sim.faults.add(fault)
-    return NvmlBackend(sim)
+    return NvmlBackend(wrap(sim) if wrap else sim)
 
 
-def attributor(backend: NvmlBackend, settings: Settings) -> Attributor:
+def replayed_backend(path: str, wrap: Wrap = None) -> NvmlBackend:
+    try:
+        capture = load(path)
+    except CaptureError as exc:  # checked with the settings; the file changed since
+        raise BackendUnavailable(f"--replay {exc}", kind="capture") from None
+    log.warning(
+        "REPLAYING a capture (%s) from %s: every number served is a recording, not this node's GPUs "
+        '(gpumon_build_info{backend="replay"})',
+        capture.summary(),
+        path,
+    )
+    nv = ReplayNvml(capture)
+    return NvmlBackend(wrap(nv) if wrap else nv)
+
+
+def attributor(backend: NvmlBackend, settings: Settings) -> Attributor | None:
     """Owners from /proc and the kubelet; the simulator brings its own /proc tree and pod allocation."""
-    nv = backend.nv
+    nv = getattr(backend.nv, "wrapped", backend.nv)  # through a recorder to the simulator it records
+    if isinstance(nv, ReplayNvml):
+        return None  # the capture's pids belong to another node: this /proc would name the wrong owners
     if isinstance(nv, SimNvml):
         atexit.register(nv.remove_proc_root)
         note = "simulated /proc tree and pod allocation"
@@ -156,6 +185,8 @@ def describe_sources(sampler: Sampler, settings: Settings) -> dict[str, str]:
             out["dcgm"] = backend.profiler_note
     if sampler.attributor is not None:
         out["attribution"] = sampler.attributor.note
+    elif backend.name == "replay":
+        out["attribution"] = "off: the replayed processes ran on the node that was captured"
     return out
 
 
@@ -171,7 +202,7 @@ def _try_dcgm(backend: NvmlBackend, sampler: Sampler, settings: Settings) -> Non
         backend.gpm = False
 
 
-def open_sampler(settings: Settings, command: str, *, wait: bool = False) -> Sampler:
+def open_sampler(settings: Settings, command: str, *, wait: bool = False, wrap: Wrap = None) -> Sampler:
     """The sampler over the backend the settings ask for, opened. Raises BackendUnavailable with advice.
 
     With ``wait`` and a backend named explicitly (``--backend nvml``, or simulated GPUs), a driver that
@@ -190,12 +221,15 @@ def open_sampler(settings: Settings, command: str, *, wait: bool = False) -> Sam
         sampler.open(wait=wait)
         return sampler
 
+    if settings.replay:
+        return opened(replayed_backend(settings.replay, wrap))
     if settings.simulated:
-        return opened(simulated_backend(settings.simulate or DEFAULT_SIMULATION, settings), wait=wait)
+        return opened(simulated_backend(settings.simulate or DEFAULT_SIMULATION, settings, wrap), wait=wait)
+    nv = wrap(pynvml) if wrap else None
     if settings.backend == "nvml" and wait:
-        return opened(NvmlBackend(), wait=True)
+        return opened(NvmlBackend(nv), wait=True)
     try:
-        return opened(NvmlBackend())
+        return opened(NvmlBackend(nv))
     except BackendUnavailable as exc:
         if settings.simulate_if_no_gpu:
             log.warning(
@@ -203,7 +237,7 @@ def open_sampler(settings: Settings, command: str, *, wait: bool = False) -> Sam
                 exc,
                 settings.simulate_if_no_gpu,
             )
-            return opened(simulated_backend(settings.simulate_if_no_gpu, settings))
+            return opened(simulated_backend(settings.simulate_if_no_gpu, settings, wrap))
         raise BackendUnavailable(
             f"no usable NVIDIA driver: {exc}. To run with simulated GPUs instead: gpumon {command} "
             f"--simulate {DEFAULT_SIMULATION} (or add --simulate-if-no-gpu {DEFAULT_SIMULATION} to fall back "

@@ -8,8 +8,10 @@ import textwrap
 import time
 from collections.abc import Callable
 
+from gpumon.cli.capture import Recording
 from gpumon.cli.common import describe_sources, open_sampler
-from gpumon.config import Settings
+from gpumon.config import ConfigError, Settings
+from gpumon.gpu.backend import marked
 from gpumon.gpu.doctor import Report, diagnose
 
 _MARK = {
@@ -23,20 +25,49 @@ _MARK = {
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the report as JSON")
+    c = p.add_argument_group("capture (docs/captures.md)")
+    c.add_argument(
+        "--capture",
+        metavar="PATH",
+        help="also record every NVML call this node answers, over a few sweeps, into PATH (attach it to a "
+        "bug report; replay it with --replay PATH)",
+    )
+    c.add_argument(
+        "--capture-sweeps",
+        type=int,
+        default=5,
+        metavar="N",
+        help="sweeps to record, one interval apart (default 5)",
+    )
+    c.add_argument(
+        "--no-mask",
+        dest="mask",
+        action="store_false",
+        help="keep the GPUs' serial numbers and UUIDs in the capture (masked by default)",
+    )
 
 
 def run(settings: Settings, args: argparse.Namespace) -> int:
-    sampler = open_sampler(settings, "doctor")
+    recording = Recording(args.capture, args.mask) if args.capture else None
+    if recording is not None and not 1 <= args.capture_sweeps <= 100:
+        raise ConfigError(f"--capture-sweeps: expected 1 to 100, got {args.capture_sweeps}")
+    sweeps = args.capture_sweeps if recording is not None else 2
+    gap = settings.interval if recording is not None else 0.15  # GPM needs samples >= 100 ms apart
+    sampler = open_sampler(settings, "doctor", wrap=recording.wrap if recording else None)
     try:
         if sampler.events is not None:
             sampler.events.start()
             _wait(lambda: sampler.events is not None and sampler.events.view().reason != "not started")
-        sampler.sweep()
-        time.sleep(0.15)  # GPM differences two samples at least 100 ms apart
-        snap = sampler.sweep()  # the second sweep probes fallbacks the first one discovered a need for
+        # the second sweep probes fallbacks the first one discovered a need for
+        for i in range(sweeps):
+            if i:
+                time.sleep(gap)
+            snap = sampler.sweep()
         sources = describe_sources(sampler, settings)
     finally:
         sampler.stop()
+    if recording is not None:
+        recording.write(sweeps=sweeps, interval=gap)
     report = diagnose(snap, sources=sources)
     print(json.dumps(report.as_json(), indent=2) if args.json else render(report))
     return 0
@@ -51,7 +82,7 @@ def _wait(cond: Callable[[], bool], timeout: float = 3.0) -> None:
 def render(r: Report) -> str:
     d = r.driver
     lines = [
-        f"backend:        {r.backend}{' (SIMULATED GPUs)' if r.backend == 'sim' else ''}",
+        f"backend:        {marked(r.backend)}",
         f"driver:         {d['driver_version'] or '?'}  CUDA {d['cuda_driver_version'] or '?'}  "
         f"NVML {d['nvml_version'] or '?'}",
         f"GPUs:           {r.device_count} counted by NVML, {len(r.gpus)} identified",

@@ -192,6 +192,12 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
         log.warning(
             'these are SIMULATED GPUs: every number served is made up (gpumon_build_info{backend="sim"})'
         )
+    elif backend == "replay":
+        log.warning(
+            "these GPUs are REPLAYED from %s: every number served is a recording of another node "
+            '(gpumon_build_info{backend="replay"})',
+            settings.replay,
+        )
     config = _uvicorn_config(app, gate)
     config.ssl = guard.ssl_context if guard is not None else None  # TCP only: see _server
     sim_training = _sim_training(sampler, settings, sock)

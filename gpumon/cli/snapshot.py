@@ -7,6 +7,7 @@ import json
 
 from gpumon.cli.common import open_sampler
 from gpumon.config import Settings
+from gpumon.gpu.backend import marked
 from gpumon.gpu.snapshot import GpuStatus, Snapshot, snapshot_json
 from gpumon.gpu.types import THROTTLE_REASONS
 
@@ -80,7 +81,7 @@ def _row(st: GpuStatus) -> list[str]:
 def render(snap: Snapshot) -> str:
     d = snap.driver
     head = (
-        f"backend {snap.backend}{' (SIMULATED GPUs)' if snap.backend == 'sim' else ''} · driver "
+        f"backend {marked(snap.backend)} · driver "
         f"{d.driver_version or '?'} · CUDA {d.cuda_driver_version or '?'} · {len(snap.gpus)} GPU(s)"
     )
     header = [

@@ -45,6 +45,7 @@ class Settings:
     backend: str = "auto"
     simulate: str | None = None
     simulate_if_no_gpu: str | None = None
+    replay: str | None = None  # answer NVML calls from this capture (docs/captures.md)
     seed: int = 0
     sim_faults: list[str] = field(default_factory=list)
     sim_jobs: list[str] = field(default_factory=list)  # simulated training jobs (gpumon/gpu/sim/jobs.py)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -31,6 +32,8 @@ def validate_simulation(raw: Mapping[str, Any], s: Settings) -> None:
         raise ConfigError("--simulate conflicts with --backend nvml: pick one")
     if s.simulate_if_no_gpu and s.backend != "auto":
         raise ConfigError("--simulate-if-no-gpu only applies with --backend auto")
+    if raw.get("replay"):
+        _replay(raw, s)
     if "seed" in raw:
         seed = raw["seed"]
         if (
@@ -57,6 +60,20 @@ def validate_simulation(raw: Mapping[str, Any], s: Settings) -> None:
         s.sim_speed = _speed(raw["sim_speed"])
         if s.sim_speed != 1.0 and not (s.simulated or s.simulate_if_no_gpu):
             raise ConfigError("--sim-speed needs simulated GPUs (--simulate SPEC): real time runs at 1")
+
+
+def _replay(raw: Mapping[str, Any], s: Settings) -> None:
+    from gpumon.gpu.capture import CaptureError, load
+
+    s.replay = os.path.expanduser(text_setting(raw, "replay"))
+    if s.simulate or s.simulate_if_no_gpu or s.backend != "auto":
+        raise ConfigError(
+            "--replay is a GPU source of its own: drop --simulate, --simulate-if-no-gpu and --backend"
+        )
+    try:
+        load(s.replay)
+    except CaptureError as exc:
+        raise ConfigError(f"--replay {exc}") from None
 
 
 def _speed(value: object) -> float:

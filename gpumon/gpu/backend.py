@@ -43,8 +43,18 @@ class Device:
         return {q: s.value for q, s in sorted(support.items())}
 
 
+# backends whose numbers are not this node's GPUs, and how every output names them
+NOT_HARDWARE = {"sim": "SIMULATED GPUs", "replay": "REPLAYED capture"}
+
+
+def marked(backend: str) -> str:
+    """``sim (SIMULATED GPUs)``: a backend's name as the CLI shows it, never silent about what it is."""
+    return f"{backend} ({NOT_HARDWARE[backend]})" if backend in NOT_HARDWARE else backend
+
+
 class Backend(Protocol):
-    name: str  # "nvml" or "sim": shown in gpumon_build_info so simulated numbers are never silent
+    # "nvml", "sim" or "replay": shown in gpumon_build_info so simulated or replayed numbers are never silent
+    name: str
     device_count: int  # GPUs the driver reports at the last discovery, identified or not
 
     def open(self) -> Sequence[Device]:

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpumon.gpu.backend import NOT_HARDWARE
 from gpumon.gpu.snapshot import GpuStatus, Snapshot
 from gpumon.gpu.types import Support
 
@@ -30,6 +31,7 @@ class Report:
         return {
             "backend": self.backend,
             "simulated": self.backend == "sim",
+            "replayed": self.backend == "replay",
             "driver": self.driver,
             "device_count": self.device_count,
             "identified": len(self.gpus),
@@ -110,7 +112,10 @@ def diagnose(
         )
     quantities = sorted({q for g in gpus for q in g["capabilities"]})
     simulated = snap.backend == "sim"
-    nodes = [] if simulated or not check_devices else [*DEVICE_NODES, *sorted(glob.glob("/dev/nvidia[0-9]*"))]
+    # a replay's device nodes are the captured node's: this machine's say nothing about them
+    nodes = []
+    if snap.backend not in NOT_HARDWARE and check_devices:
+        nodes = [*DEVICE_NODES, *sorted(glob.glob("/dev/nvidia[0-9]*"))]
     report = Report(
         backend=snap.backend,
         driver={
@@ -125,7 +130,7 @@ def diagnose(
         uid=os.getuid(),
         telemetry=telemetry(snap, sources),
     )
-    report.advice = _advice(report, simulated)
+    report.advice = _advice(report, simulated, replayed=snap.backend == "replay")
     return report
 
 
@@ -133,12 +138,17 @@ def _gpu_list(gpus: list[dict[str, Any]]) -> str:
     return ", ".join(str(g["index"]) for g in gpus)
 
 
-def _advice(r: Report, simulated: bool) -> list[str]:
+def _advice(r: Report, simulated: bool, *, replayed: bool = False) -> list[str]:
     advice = []
     if simulated:
         advice.append(
             "These are simulated GPUs: the capabilities shown are the simulator's model of that GPU, "
             "not a measurement of this machine."
+        )
+    if replayed:
+        advice.append(
+            "These GPUs are replayed from a capture: the capabilities shown are what the captured node's "
+            "NVML answered, not a measurement of this machine."
         )
     if r.device_count > len(r.gpus):
         advice.append(

@@ -59,6 +59,7 @@ def snapshot_json(snap: Snapshot) -> dict[str, Any]:
         "interval_seconds": snap.interval_seconds,
         "backend": snap.backend,
         "simulated": snap.backend == "sim",
+        "replayed": snap.backend == "replay",
         "driver": asdict(snap.driver),
         "device_count": snap.device_count,
         "gpus": [

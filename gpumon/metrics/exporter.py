@@ -8,7 +8,7 @@ section("Exporter")
 BUILD_INFO = metric(
     "gpumon_build_info",
     "gauge",
-    "gpumon version and the GPU backend in use (backend sim: simulated GPUs).",
+    "gpumon version and the GPU backend in use (backend sim: simulated GPUs; replay: a recorded capture).",
     ("version", "python_version", "backend"),
     source="constant 1",
 )

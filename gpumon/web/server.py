@@ -189,6 +189,11 @@ def _landing(backend: str, *, jobs: bool) -> str:
             '<p style="background:#fde68a;padding:.5em"><b>Simulated GPUs.</b> These numbers come from '
             'gpumon\'s simulator, not from hardware (gpumon_build_info{backend="sim"}).</p>'
         )
+    elif backend == "replay":
+        banner = (
+            '<p style="background:#fde68a;padding:.5em"><b>Replayed GPUs.</b> These numbers are a recording '
+            'of another node\'s NVML answers (gpumon_build_info{backend="replay"}).</p>'
+        )
     pages = [("/metrics", "Prometheus metrics"), ("/v1/gpus", "latest snapshot as JSON")]
     if jobs:
         pages += [

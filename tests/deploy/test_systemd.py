@@ -31,6 +31,7 @@ FILE_SETTINGS = {"GPUMON_CONFIG", "GPUMON_WEB_CONFIG"}
 # (for containers that see the host's /proc elsewhere).
 NOT_FOR_OPERATORS = {
     "simulate",
+    "replay",  # a capture replayed is a test bench, not a node
     "simulate_if_no_gpu",
     "seed",
     "sim_faults",

@@ -59,8 +59,13 @@ class NvmlBackend:
         self.profiler_note = ""  # why DCGM is not in use, when it was tried
         self.clock = clock  # spaces GPM samples; tests pass a manual clock
         self.processes = processes  # list compute processes on each GPU
-        # the simulator marks itself; real pynvml has no such attribute
-        self.name = "sim" if getattr(self.nv, "simulated", False) else "nvml"
+        # the simulator and the replayer mark themselves; real pynvml has no such attributes
+        if getattr(self.nv, "simulated", False):
+            self.name = "sim"
+        elif getattr(self.nv, "replayed", False):
+            self.name = "replay"
+        else:
+            self.name = "nvml"
         self.nvlink_state_every = max(1, nvlink_state_every)
         self._lock = threading.Lock()
         self._initialized = False
