@@ -110,17 +110,18 @@ def _add_gpu(f: dict[str, Family], st: GpuStatus) -> None:
 def _add_mig(f: dict[str, Family], gl: list[str], migs: tuple[MigReading, ...]) -> None:
     instances_done: set[int] = set()
     for m in migs:
-        ml = [*gl, str(m.gpu_instance_id), str(m.compute_instance_id)]
-        f[M.MIG_INFO.name].add_metric([*ml, m.uuid, m.profile], 1)
-        if m.memory_total_bytes is not None:
-            f[M.MIG_MEM_TOTAL.name].add_metric(ml, m.memory_total_bytes)
-        if m.memory_used_bytes is not None:
-            f[M.MIG_MEM_USED.name].add_metric(ml, m.memory_used_bytes)
-        p = m.profiling
-        if p is None or m.gpu_instance_id in instances_done:  # GPM is per GPU instance, not per compute one
+        gi = [*gl, str(m.gpu_instance_id)]
+        f[M.MIG_INFO.name].add_metric([*gi, str(m.compute_instance_id), m.uuid, m.profile], 1)
+        # memory and GPM are the GPU instance's: compute instances sharing one each report all of it
+        if m.gpu_instance_id in instances_done:
             continue
         instances_done.add(m.gpu_instance_id)
-        _add_fields(f, [*gl, str(m.gpu_instance_id)], p, M.MIG_PROFILING_FIELDS)
+        if m.memory_total_bytes is not None:
+            f[M.MIG_MEM_TOTAL.name].add_metric(gi, m.memory_total_bytes)
+        if m.memory_used_bytes is not None:
+            f[M.MIG_MEM_USED.name].add_metric(gi, m.memory_used_bytes)
+        if m.profiling is not None:
+            _add_fields(f, gi, m.profiling, M.MIG_PROFILING_FIELDS)
 
 
 def _add_processes(f: dict[str, Family], st: GpuStatus, ownership: GpuOwnership | None) -> None:

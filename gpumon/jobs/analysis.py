@@ -24,7 +24,8 @@ from gpumon.jobs.store import JobStore, RankView
 from gpumon.jobs.window import Rates, measure
 
 log = logging.getLogger(__name__)
-_MIG_SLICES = re.compile(r"^(\d+)g\.")
+# "3g.40gb": a GPU instance of 3 slices; "1c.3g.71gb": a compute instance of 1 slice inside one
+_MIG_SLICES = re.compile(r"^(?:(\d+)c\.)?(\d+)g\.")
 MIG_COMPUTE_SLICES = 7.0  # A100, H100, H200: a "1g" instance has one seventh of the SMs
 
 
@@ -239,7 +240,9 @@ def _finite(x: float) -> float | None:
 
 def _mig_fraction(profile: str | None) -> float:
     m = _MIG_SLICES.match(profile or "")
-    return min(1.0, int(m.group(1)) / MIG_COMPUTE_SLICES) if m else 1.0
+    if not m:
+        return 1.0
+    return min(1.0, int(m.group(1) or m.group(2)) / MIG_COMPUTE_SLICES)
 
 
 def _costs(ranks: list[RankResult]) -> list[float | None]:

@@ -1,4 +1,6 @@
-"""MIG devices: per-instance memory and, with GPM, per-instance activity."""
+"""MIG devices: which exist, and per GPU instance their memory and, with GPM, their activity. Memory and
+activity belong to the GPU instance: compute instances that share one would otherwise each repeat them, and a
+sum() over them would count the same bytes twice."""
 
 from __future__ import annotations
 
@@ -19,16 +21,16 @@ MIG_INFO = metric(
 MIG_MEM_TOTAL = metric(
     "gpumon_mig_memory_total_bytes",
     "gauge",
-    "Memory of the MIG device.",
-    MIG,
+    "Memory of the GPU instance; its compute instances share it, so it is one series per GPU instance.",
+    GI,
     "bytes",
     source="nvmlDeviceGetMemoryInfo (MIG handle)",
 )
 MIG_MEM_USED = metric(
     "gpumon_mig_memory_used_bytes",
     "gauge",
-    "Memory in use on the MIG device.",
-    MIG,
+    "Memory in use in the GPU instance, by all of its compute instances.",
+    GI,
     "bytes",
     source="nvmlDeviceGetMemoryInfo (MIG handle)",
 )

@@ -190,6 +190,19 @@ def test_two_mig_devices_of_one_gpu_are_two_devices_with_their_own_memory(sims, 
     assert r.peak.flops == pytest.approx(700e12 * 3 / 7), "a rank's own peak is per GPU: its slice too"
 
 
+def test_a_compute_instance_sharing_a_gpu_instance_gets_its_own_slices(sims, samplers) -> None:
+    """nvidia_gpu_exporter's H200 MIG capture: two "1c.3g.71gb" compute instances in one 3g GPU instance.
+    Each has one of the GPU's 7 slices; read as "3g" (or not at all, as before) it was given 3/7 or 7/7 of
+    the peak, and its MFU came out 3 to 7 times too low."""
+    sim = sims("1xH200/mig=1c.3g.71gb+1c.3g.71gb+2g.35gb", static=True)
+    snap = samplers(sim).sweep()
+    shared = [m for m in snap.gpus[0].reading.mig if m.profile == "1c.3g.71gb"]
+    assert [(m.gpu_instance_id, m.compute_instance_id) for m in shared] == [(2, 0), (2, 1)]
+    r = rank0(analysis(snap, now_report(10, devices=[shared[1].uuid], peak_flops=700e12)))
+    assert r.gpus[0].window.mig_profile == "1c.3g.71gb"
+    assert r.peak.flops == pytest.approx(700e12 / 7)
+
+
 def test_a_lost_gpu_is_the_verdict_and_its_old_samples_are_dropped(sims, samplers) -> None:
     sim = sims("2xH100-SXM", static=True)
     set_state(sim, 0)

@@ -7,7 +7,6 @@ The halves of SimNvml (events, gpm, mig, processes, nvml) build on this module; 
 from __future__ import annotations
 
 import os
-import re
 import threading
 from dataclasses import dataclass, field
 
@@ -15,9 +14,9 @@ import pynvml
 
 from gpumon.gpu.sim.catalog import MiB, SimModel
 from gpumon.gpu.sim.dynamics import DeviceState, TrainingDynamics, _mix
+from gpumon.gpu.sim.mig_layout import MigSlot, place
 
 _HGX_BUSES = (0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB)
-_GB = re.compile(r"\.(\d+)gb$")
 NO_INSTANCE = 0xFFFFFFFF  # NVML's instance id for a process or event outside any MIG instance
 
 
@@ -39,23 +38,27 @@ class SimProcess:
 class SimMigDevice:
     """The handle NVML gives for one MIG device (a compute instance inside a GPU instance)."""
 
-    def __init__(self, parent: SimGpu, slot: int, profile: str, seed: int) -> None:
+    def __init__(self, parent: SimGpu, slot: MigSlot, seed: int) -> None:
         self.parent = parent
-        self.slot = slot
-        self.profile = profile
-        self.gpu_instance_id = slot + 1  # NVML numbers GPU instances from 1 in placement order, roughly
-        self.compute_instance_id = 0
-        m = _GB.search(profile)
-        self.memory_bytes = int(m.group(1) if m else 10) * 1000 * MiB
-        h = f"{_mix(seed, parent.index, slot, 0x316):016x}{_mix(seed, parent.index, slot, 0x317):016x}"
+        self.profile = slot.profile
+        self.gpu_instance_id = slot.gpu_instance_id  # from the placement, as the driver numbers them
+        self.compute_instance_id = slot.compute_instance_id
+        self.memory_bytes = slot.memory_mib * MiB  # the GPU instance's: compute instances share it
+        self.busy = slot.busy
+        gi, ci = slot.gpu_instance_id, slot.compute_instance_id
+        h = f"{_mix(seed, parent.index, gi, ci, 0x316):016x}{_mix(seed, parent.index, gi, ci, 0x317):016x}"
         self.uuid = f"MIG-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
 
     def __repr__(self) -> str:
-        return f"<SimMigDevice {self.parent.index}/{self.slot} {self.profile}>"
+        where = f"{self.parent.index}/{self.gpu_instance_id}/{self.compute_instance_id}"
+        return f"<SimMigDevice {where} {self.profile}>"
 
 
 def mig_devices(gpu: SimGpu, seed: int) -> list[SimMigDevice]:
-    return [SimMigDevice(gpu, i, p, seed) for i, p in enumerate(gpu.model.mig_layout)]
+    m = gpu.model
+    return (
+        [SimMigDevice(gpu, s, seed) for s in place(m.key, m.memory_mib, m.mig_layout)] if m.mig_layout else []
+    )
 
 
 class StaticDynamics:

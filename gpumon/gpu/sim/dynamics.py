@@ -307,12 +307,12 @@ class TrainingDynamics:
         for unit, share in zip(ACTIVITY_UNITS, _PHASE_ACTIVITY[phase], strict=True):
             s.activity[unit] += min(1.0, max(0.0, share + noise)) * dt if share else 0.0
 
-        # fitted to the H100 capture (41 °C at 70 W, 59-65 °C at 630 W); HBM runs hotter than the GPU at idle
-        # (48 vs 41 °C) and cooler under load (55-59 vs 59-65 °C)
+        # fitted to the H100 capture (41 °C at 70 W, 59-65 °C at 630 W) and holds for the H200 (38 °C at
+        # 82 W, 61-66 °C at 657 W); HBM against the GPU is the board's own (SimModel.hbm_offset_c)
         load = s.power_w / m.tdp_watts
         target_temp = 36.0 + 30.0 * load + (22.0 if thermal else 0.0)
         s.temp_c += (target_temp - s.temp_c) * (1.0 - math.exp(-dt / 15.0))
-        s.mem_temp_c = s.temp_c + 7.0 - 12.0 * load
+        s.mem_temp_c = s.temp_c + m.hbm_offset_c[0] + m.hbm_offset_c[1] * load
         if s.temp_c > 86.0:
             reasons |= HW_THERMAL | HW_SLOWDOWN
         s.reasons = reasons

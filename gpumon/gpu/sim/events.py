@@ -30,6 +30,8 @@ _ECC_EVENTS = (
 
 
 def supported_events(model: SimModel) -> int:
+    if model.gpm:  # Hopper and later: every event type (the H200 capture, driver 580: 0xff9f)
+        return int(pynvml.nvmlEventTypeAll)
     mask = XID | pynvml.nvmlEventTypePState | pynvml.nvmlEventTypeClock
     return mask | _ECC_EVENTS if model.ecc else mask
 

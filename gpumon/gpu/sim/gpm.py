@@ -108,7 +108,7 @@ class SimGpm:
         s = gpu.state
         share = 1.0 if instance is None else self._mig_share(gpu, instance)
         sample.gpu, sample.gpu_instance, sample.t = gpu.index, instance, self.now()
-        sample.activity = dict(s.activity)
+        sample.activity = {unit: seconds * share for unit, seconds in s.activity.items()}
         sample.traffic = {
             "pcie_tx": s.pcie_tx_bytes * share,
             "pcie_rx": s.pcie_rx_bytes * share,

@@ -1,8 +1,11 @@
-"""MIG for the simulator: a GPU whose model carries a ``mig_layout`` runs in MIG mode with one GPU instance
-(and one compute instance) per profile, each with its own handle, UUID, name and memory.
+"""MIG for the simulator: a GPU whose model carries a ``mig_layout`` runs in MIG mode with the GPU and
+compute instances the layout places (gpumon/gpu/sim/mig_layout.py), each MIG device with its own handle,
+UUID, name and memory.
 
 As on real boards, whole-GPU utilisation and row remapping answer NOT_SUPPORTED while MIG is on; memory,
-power, clocks and the rest stay per physical GPU.
+power, clocks and the rest stay per physical GPU. The GPU's load runs in the layout's first GPU instance;
+the others idle (as in the captures), and compute instances that share a GPU instance each report its
+whole memory, as NVML does.
 """
 
 from __future__ import annotations
@@ -61,11 +64,11 @@ class SimMig:
         return self._mig(migDevice, "nvmlDeviceGetDeviceHandleFromMigDeviceHandle").parent
 
     def _mig_share(self, gpu: SimGpu, instance: int) -> float:
-        """The share of the GPU's memory (and traffic) GPU instance ``instance`` has."""
-        total = sum(d.memory_bytes for d in gpu.mig)
+        """The share of the GPU's load (memory in use, activity, traffic) GPU instance ``instance`` has:
+        all of it in the busy instance, none elsewhere."""
         for d in gpu.mig:
             if d.gpu_instance_id == instance:
-                return d.memory_bytes / total
+                return 1.0 if d.busy else 0.0
         raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
 
     def _mig_memory(self, device: SimMigDevice, version: int | None) -> Any:

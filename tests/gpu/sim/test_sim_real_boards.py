@@ -147,3 +147,44 @@ def test_pci_device_id_and_persistence_are_the_boards(spec: str, device_id: int,
     board = Board(spec)
     assert board.sim.nvmlDeviceGetPciInfo(board.h).pciDeviceId == device_id
     assert board.sim.nvmlDeviceGetPersistenceMode(board.h) == persistence
+
+
+# --- a real H200 recorded by gpumon itself: tests/fixtures/captures/h200-{idle,load}.json (driver 580.159.04)
+
+
+def test_h200_idle_power_reserve_and_identity_are_the_captures() -> None:
+    """h200-idle.json: 81.8 W idle (80.9 W over the capture, from the energy counter), 644939776 bytes
+    (615 MiB) reserved by the driver, part 692-2G520-0282-000, VBIOS 96.00.A5.00.1A."""
+    board = Board("1xH200").at(idle_time(55.0))
+    power = [board.at(idle_time(55.0) + i).sim.nvmlDeviceGetPowerUsage(board.h) / 1000 for i in range(10)]
+    assert 79.0 <= statistics.mean(power) <= 84.0
+    mem = board.sim.nvmlDeviceGetMemoryInfo(board.h, pynvml.nvmlMemory_v2)
+    assert abs(mem.reserved - 644939776) < 1 << 20  # the simulator keeps whole MiB
+    assert board.sim.nvmlDeviceGetBoardPartNumber(board.h) == "692-2G520-0282-000"
+    assert board.sim.nvmlDeviceGetVbiosVersion(board.h) == "96.00.A5.00.1A"
+
+
+def test_h200_hbm_is_as_warm_as_the_gpu_at_idle_and_cooler_under_load() -> None:
+    """h200-idle.json: GPU 38 °C, HBM 38 °C; h200-load.json (647-666 W): GPU 61-66 °C, HBM 51-52 °C. The
+    H100's offsets (HBM 7 °C above the GPU at idle) do not hold for the H200."""
+    board = Board("1xH200")
+
+    def gpu(b: Board) -> float:
+        return float(b.sim.nvmlDeviceGetTemperature(b.h, pynvml.NVML_TEMPERATURE_GPU))
+
+    def hbm(b: Board) -> float:
+        return float(b.field(pynvml.NVML_FI_DEV_MEMORY_TEMP)[1])
+
+    busy = compute_times()
+    assert 58 <= mean(board, busy, gpu) <= 68
+    assert 9 <= mean(board, busy, gpu) - mean(board, busy, hbm) <= 16
+    idle = [idle_time(55.0)]
+    assert 36 <= mean(board, idle, gpu) <= 42
+    assert abs(mean(board, idle, hbm) - mean(board, idle, gpu)) <= 2
+
+
+def test_hopper_supports_every_nvml_event_type() -> None:
+    """h200-idle.json: nvmlDeviceGetSupportedEventTypes = 65439 (0xff9f, nvmlEventTypeAll), so gpumon
+    registers ECC storms, poison, GPU-unavailable and recovery-action events too."""
+    board = Board("1xH200")
+    assert board.sim.nvmlDeviceGetSupportedEventTypes(board.h) == 0xFF9F
