@@ -18,11 +18,11 @@ import sys
 import time
 from collections import defaultdict
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import pynvml
 
-from gpumon.gpu.capture import RecordingNvml, load
+from gpumon.gpu.capture import CaptureError, RecordingNvml, load
 from gpumon.gpu.events import EventWatcher
 from gpumon.gpu.nvml import NvmlBackend
 from gpumon.gpu.sampler import Sampler
@@ -72,8 +72,9 @@ def live(seconds: float, simulate: str | None) -> dict[str, Any]:
 def summarise(calls: list[dict[str, Any]], *, sweeps: int, gpus: int) -> dict[str, Any]:
     latency: dict[str, list[float]] = defaultdict(list)
     for c in calls:
-        if c["op"] not in ASYNC_OPS and "latency_us" in c:
-            latency[c["op"]].append(c["latency_us"])
+        us = c.get("latency_us")
+        if c["op"] not in ASYNC_OPS and type(us) in (int, float):
+            latency[c["op"]].append(float(us))
     counted = sum(len(v) for v in latency.values())
     ops = {
         op: {
@@ -94,10 +95,20 @@ def summarise(calls: list[dict[str, Any]], *, sweeps: int, gpus: int) -> dict[st
     }
 
 
+def _fail(message: str) -> NoReturn:
+    print(f"bench_nvml: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
 def from_capture(path: str) -> dict[str, Any]:
-    capture = load(path)
+    try:
+        capture = load(path)
+    except CaptureError as exc:
+        _fail(str(exc))
     calls = capture.calls
-    sweeps = int(capture.meta.get("sweeps", 1))
+    sweeps = capture.meta.get("sweeps", 1)
+    if type(sweeps) is not int or sweeps < 1:
+        _fail(f'{path}: "sweeps" must be a whole number above 0, got {sweeps!r}')
     gpus = int(capture.first_value("nvmlDeviceGetCount") or 1)
     out = summarise(calls, sweeps=sweeps, gpus=gpus)
     out.update(source=f"capture {path} ({capture.summary()})")

@@ -8,7 +8,7 @@ import textwrap
 import time
 from collections.abc import Callable
 
-from gpumon.cli.capture import Recording
+from gpumon.cli.capture import MAX_SECONDS, Recording
 from gpumon.cli.common import describe_sources, open_sampler
 from gpumon.config import ConfigError, Settings
 from gpumon.gpu.backend import marked
@@ -35,39 +35,59 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     c.add_argument(
         "--capture-sweeps",
         type=int,
-        default=5,
         metavar="N",
-        help="sweeps to record, one interval apart (default 5)",
+        help="sweeps to record, one interval apart (default 5; at most 100 and 10 minutes)",
     )
     c.add_argument(
         "--no-mask",
         dest="mask",
-        action="store_false",
+        action="store_const",
+        const=False,
         help="keep the GPUs' serial numbers and UUIDs in the capture (masked by default)",
     )
 
 
+def _recording(settings: Settings, args: argparse.Namespace) -> tuple[Recording | None, int]:
+    if args.capture is None:
+        for flag, given in (("--capture-sweeps", args.capture_sweeps), ("--no-mask", args.mask)):
+            if given is not None:
+                raise ConfigError(f"{flag} only applies with --capture PATH")
+        return None, 2
+    if settings.replay:
+        raise ConfigError("--capture records this node's NVML; a replay is a capture already (copy the file)")
+    sweeps = 5 if args.capture_sweeps is None else args.capture_sweeps
+    if not 1 <= sweeps <= 100:
+        raise ConfigError(f"--capture-sweeps: expected 1 to 100, got {sweeps}")
+    if sweeps * settings.interval > MAX_SECONDS:
+        raise ConfigError(
+            f"--capture-sweeps {sweeps} at an interval of {settings.interval:g} s is over {MAX_SECONDS:g} s: "
+            "a capture is a few sweeps"
+        )
+    return Recording(args.capture, args.mask is not False), sweeps
+
+
 def run(settings: Settings, args: argparse.Namespace) -> int:
-    recording = Recording(args.capture, args.mask) if args.capture else None
-    if recording is not None and not 1 <= args.capture_sweeps <= 100:
-        raise ConfigError(f"--capture-sweeps: expected 1 to 100, got {args.capture_sweeps}")
-    sweeps = args.capture_sweeps if recording is not None else 2
+    recording, sweeps = _recording(settings, args)
     gap = settings.interval if recording is not None else 0.15  # GPM needs samples >= 100 ms apart
-    sampler = open_sampler(settings, "doctor", wrap=recording.wrap if recording else None)
     try:
-        if sampler.events is not None:
-            sampler.events.start()
-            _wait(lambda: sampler.events is not None and sampler.events.view().reason != "not started")
-        # the second sweep probes fallbacks the first one discovered a need for
-        for i in range(sweeps):
-            if i:
-                time.sleep(gap)
-            snap = sampler.sweep()
-        sources = describe_sources(sampler, settings)
+        sampler = open_sampler(settings, "doctor", wrap=recording.wrap if recording else None)
+        try:
+            if sampler.events is not None:
+                sampler.events.start()
+                _wait(lambda: sampler.events is not None and sampler.events.view().reason != "not started")
+            # the second sweep probes fallbacks the first one discovered a need for
+            for i in range(sweeps):
+                if i:
+                    time.sleep(gap)
+                snap = sampler.sweep()
+            sources = describe_sources(sampler, settings)
+        finally:
+            sampler.stop()
+        if recording is not None:
+            recording.write(sweeps=sweeps, interval=gap)
     finally:
-        sampler.stop()
-    if recording is not None:
-        recording.write(sweeps=sweeps, interval=gap)
+        if recording is not None:
+            recording.discard()
     report = diagnose(snap, sources=sources)
     print(json.dumps(report.as_json(), indent=2) if args.json else render(report))
     return 0

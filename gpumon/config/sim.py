@@ -32,7 +32,7 @@ def validate_simulation(raw: Mapping[str, Any], s: Settings) -> None:
         raise ConfigError("--simulate conflicts with --backend nvml: pick one")
     if s.simulate_if_no_gpu and s.backend != "auto":
         raise ConfigError("--simulate-if-no-gpu only applies with --backend auto")
-    if raw.get("replay"):
+    if raw.get("replay") is not None:
         _replay(raw, s)
     if "seed" in raw:
         seed = raw["seed"]
@@ -66,6 +66,8 @@ def _replay(raw: Mapping[str, Any], s: Settings) -> None:
     from gpumon.gpu.capture import CaptureError, load
 
     s.replay = os.path.expanduser(text_setting(raw, "replay"))
+    if not s.replay:
+        raise ConfigError("--replay: give the capture file to replay")
     if s.simulate or s.simulate_if_no_gpu or s.backend != "auto":
         raise ConfigError(
             "--replay is a GPU source of its own: drop --simulate, --simulate-if-no-gpu and --backend"

@@ -4,6 +4,8 @@ with exit 2 for every bad path or file, never a traceback."""
 from __future__ import annotations
 
 import json
+import os
+import stat
 from pathlib import Path
 
 import pytest
@@ -102,3 +104,41 @@ def test_replay_refuses_devices_directories_and_other_sources(capsys, tmp_path: 
     err = _error(capsys, "snapshot", "--replay", str(H200), "--simulate", "1xL4")
     assert "--replay is a GPU source of its own" in err
     assert "GPU source" in _error(capsys, "serve", "--replay", str(H200), "--backend", "nvml")
+
+
+def test_capture_refuses_what_it_would_wrongly_replace_or_ignore(capsys, tmp_path: Path) -> None:
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    assert "not a regular file" in _error(capsys, "doctor", "--simulate", "1xL4", "--capture", str(fifo))
+    assert stat.S_ISFIFO(fifo.stat().st_mode)  # left as it was
+    link = tmp_path / "link.json"
+    link.symlink_to(tmp_path / "elsewhere.json")
+    assert "not a regular file" in _error(capsys, "doctor", "--simulate", "1xL4", "--capture", str(link))
+    assert "give a file" in _error(capsys, "doctor", "--simulate", "1xL4", "--capture", "")
+    assert "only applies with --capture" in _error(
+        capsys, "doctor", "--simulate", "1xL4", "--capture-sweeps", "3"
+    )
+    assert "only applies with --capture" in _error(capsys, "doctor", "--simulate", "1xL4", "--no-mask")
+    err = _error(capsys, "doctor", "--replay", str(H200), "--capture", str(tmp_path / "again.json"))
+    assert "a replay is a capture already" in err
+    assert "give the capture file" in _error(capsys, "snapshot", "--replay", "")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fifo", "link.json"]  # no temporary file left
+
+
+def test_a_capture_longer_than_ten_minutes_is_refused(capsys, tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("GPUMON_INTERVAL", "60s")
+    out = str(tmp_path / "long.json")
+    err = _error(capsys, "doctor", "--simulate", "1xL4", "--capture", out, "--capture-sweeps", "11")
+    assert "a capture is a few sweeps" in err
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.slow
+def test_a_capture_replaces_an_old_one_as_an_ordinary_file(tmp_path: Path) -> None:
+    out = tmp_path / "node.json"
+    out.write_text("old")
+    done = run_gpumon("doctor", "--simulate", "1xL4", "--capture", str(out), "--capture-sweeps", "1")
+    assert done.returncode == 0, done.stderr
+    assert load(str(out)).meta["source"] == "sim"
+    assert stat.S_IMODE(out.stat().st_mode) & 0o044  # readable as files are, not mkstemp's 0600
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["node.json"]

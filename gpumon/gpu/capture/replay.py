@@ -140,7 +140,11 @@ class ReplayNvml:
             if "code" in entry:
                 raise pynvml.NVMLError(entry["code"])
             raise ReplayedException(entry.get("message", entry["error"]))
-        return decode(entry.get("value"), self._handles)
+        try:
+            return decode(entry.get("value"), self._handles)
+        except Exception as exc:  # a value the loader let through but ctypes refuses: one quantity's error
+            log.debug("replay: cannot rebuild the answer of %s: %s", entry.get("op"), exc)
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_UNKNOWN) from None
 
     def _unrecorded(self, key: str) -> None:
         with self._lock:
@@ -163,8 +167,12 @@ class ReplayNvml:
                 items = self._fields.get((device, fid, scope))
                 pos = self._position[key]
                 self._position[key] = pos + 1
-            if items:
-                out[i] = decode(items[min(pos, len(items) - 1)], self._handles)
+            try:
+                rebuilt = decode(items[min(pos, len(items) - 1)], self._handles) if items else None
+            except Exception:  # this field alone is unreadable; the others are answered
+                rebuilt = None
+            if rebuilt is not None:
+                out[i] = rebuilt
             else:
                 out[i].fieldId, out[i].scopeId = fid, scope
                 out[i].nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
