@@ -38,7 +38,7 @@ class Thresholds:
     communication_share: float = 0.30  # share of wall time in communication that makes it network-bound
     link_busy: float = 0.70  # NVLink or PCIe use, of its peak, that counts as saturated
     sm_idle: float = 0.50  # SM activity below this while links are saturated: waiting on the network
-    throttled_share: float = 0.25  # share of samples with a power/thermal clock reason
+    throttled_share: float = 0.25  # share of samples with a thermal or hardware clock reason
     memory_pressure: float = 0.90  # HBM used, of total (seed 003: > 80 % may become, > 90 % is one)
     dram_busy: float = 0.60  # DRAM activity that makes a kernel mix bandwidth-bound ...
     tensor_low: float = 0.30  # ... when tensor cores are this idle
@@ -155,8 +155,8 @@ ADVICE = {
     "communication": "Time goes to collectives: overlap communication with compute (bucket sizes, "
     "gradient accumulation), check the interconnect (NVLink/InfiniBand health, NCCL topology), reduce "
     "data-parallel traffic (ZeRO stage, gradient compression), or scale up before scaling out.",
-    "throttled": "Clocks are held down by power or thermal limits: check cooling and power capping "
-    "(nvidia-smi -q -d PERFORMANCE), the enforced power limit, and inlet temperatures.",
+    "throttled": "Clocks are held down by thermal limits or a hardware slowdown: check cooling and inlet "
+    "temperatures, the power supply and brake signals (nvidia-smi -q -d PERFORMANCE), and dmesg for XIDs.",
     "memory_capacity": "HBM is nearly full: fragmentation and allocator retries slow steps and an OOM is "
     "close. Check torch.cuda.memory_stats (num_alloc_retries); use activation checkpointing, a smaller "
     "micro-batch with accumulation, or a higher ZeRO stage. The caching allocator can hold memory it does "
@@ -245,7 +245,7 @@ _SUMMARIES: dict[str, Callable[[Signals], str]] = {
         f"communication, link use {_pct(_link(s))}"
     ),
     "throttled": lambda s: (
-        f"throttled: power/thermal clock limits active in {_pct(s.throttled_share)} of samples"
+        f"throttled: thermal or hardware clock limits active in {_pct(s.throttled_share)} of samples"
     ),
     "memory_capacity": lambda s: f"memory capacity: {_pct(s.memory_used_ratio)} of HBM in use",
     "memory_bandwidth": lambda s: (

@@ -540,15 +540,20 @@ def test_hot_path_does_not_grow_memory(reporters: Callable[..., Reporter]) -> No
             pass
         r.add_phase("communication", 0.001)
     time.sleep(0.2)  # the thread's first (failed) report and its log line happen now, not below
-    gc.collect()
-    before = sys.getallocatedblocks()
-    for _ in range(100_000):
-        r.step(tokens=1, samples=1)
-        with r.data_wait():
-            pass
-        r.add_phase("communication", 0.001)
-        r.request(tokens=1, latency=0.01)
-    assert sys.getallocatedblocks() - before < 100
+    growth = []
+    # three rounds: the sender thread's retries (exceptions, a log line) can land inside one round on a
+    # busy machine; a leak in the hot path grows every round
+    for _ in range(3):
+        gc.collect()
+        before = sys.getallocatedblocks()
+        for _ in range(50_000):
+            r.step(tokens=1, samples=1)
+            with r.data_wait():
+                pass
+            r.add_phase("communication", 0.001)
+            r.request(tokens=1, latency=0.01)
+        growth.append(sys.getallocatedblocks() - before)
+    assert min(growth) < 100, growth
 
 
 def test_reporter_works_without_the_model_module(reporters: Callable[..., Reporter]) -> None:

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from support.helpers import ROOT
 
+from gpumon.gpu.capture import ReplayNvml, load
+from gpumon.gpu.nvml import NvmlBackend
+from gpumon.gpu.types import THROTTLE_REASONS
 from gpumon.jobs.diagnosis import (
     ADVICE,
     BOTTLENECKS,
@@ -13,6 +17,7 @@ from gpumon.jobs.diagnosis import (
     parse_thresholds,
     straggler_scores,
 )
+from gpumon.jobs.gpus import THROTTLING, _point
 
 T = Thresholds()
 BUSY = {"utilization": 0.98, "sm_active": 0.9, "tensor_active": 0.6, "dram_active": 0.3}
@@ -116,3 +121,22 @@ def test_an_mfu_above_one_is_flagged_as_a_reporting_mistake() -> None:
     v = diagnose(Signals(progressing=True, mfu=1.4, **BUSY), T)
     assert v.bottleneck == "compute" and "mfu_above_peak" in v.findings
     assert "mfu_above_peak" not in diagnose(Signals(progressing=True, mfu=0.4, **BUSY), T).findings
+
+
+def test_a_busy_gpu_at_its_power_limit_is_not_throttled_but_a_hot_one_is() -> None:
+    """A real H200 running bf16 products (tests/fixtures/captures/h200-load.json, driver 580.159.04) had
+    the software power cap asserted 97 % of the time at 647-666 W of 700: that is a busy GPU, and the verdict
+    must be compute. Thermal and hardware slowdowns still count."""
+    bits = {name: bit for bit, name, _ in THROTTLE_REASONS}
+    backend = NvmlBackend(ReplayNvml(load(str(ROOT / "tests/fixtures/captures/h200-load.json"))))
+    (dev,) = backend.open()
+    reading = backend.read(dev, 1e12).reading
+    backend.close()
+    assert reading.throttle_reasons == bits["sw_power_cap"]
+    assert _point(0.0, reading).throttled is False
+    assert (
+        THROTTLING & bits["hw_thermal"]
+        and THROTTLING & bits["hw_slowdown"]
+        and THROTTLING & bits["sw_thermal"]
+    )
+    assert diagnose(Signals(progressing=True, throttled_share=0.0, **BUSY), T).bottleneck == "compute"

@@ -35,7 +35,9 @@ class SimModel:
     hbm: bool = True  # memory temperature (field 82) is reported for HBM parts
     fan: bool = False
     pcie_counters: bool = True  # fields 197/198
-    throttle_time_fields: bool = True  # fields 74/76/269/270/271
+    # fields 74/76/269/270/271: every board seen reports them (H100, H200, L40S, RTX A6000 and GeForce
+    # captures); the driver, not the board, decides, so no model lacks them by default
+    throttle_time_fields: bool = True
     ecc: bool = True
     remapped_rows: bool = True
     mig: bool = False
@@ -148,7 +150,6 @@ MODELS: dict[str, SimModel] = {
             board_part_number="692-2G506-0210-002",
             vbios="92.00.36.00.02",
             pcie_counters=False,
-            throttle_time_fields=False,
             mig=True,
             pci_device_id=0x20B210DE,
         ),
@@ -168,7 +169,6 @@ MODELS: dict[str, SimModel] = {
             board_part_number="900-21001-0020-100",
             vbios="92.00.68.00.01",
             pcie_counters=False,
-            throttle_time_fields=False,
             mig=True,
             pci_device_id=0x20B510DE,
         ),
@@ -210,7 +210,6 @@ MODELS: dict[str, SimModel] = {
             vbios="95.04.5B.00.02",
             hbm=False,
             pcie_counters=False,
-            throttle_time_fields=False,
             pci_device_id=0x27B810DE,
         ),
         SimModel(
@@ -231,7 +230,6 @@ MODELS: dict[str, SimModel] = {
             hbm=False,
             fan=True,
             pcie_counters=False,
-            throttle_time_fields=False,
             ecc=False,
             remapped_rows=False,
             pci_device_id=0x223010DE,
@@ -271,7 +269,6 @@ MODELS: dict[str, SimModel] = {
             25.0,
             4,
             pcie_counters=False,
-            throttle_time_fields=False,
             mig=True,
             pci_device_id=0x20B010DE,
         ),
@@ -371,7 +368,6 @@ MODELS: dict[str, SimModel] = {
             4,
             hbm=False,
             pcie_counters=False,
-            throttle_time_fields=False,
             remapped_rows=False,
             pci_device_id=0x223710DE,
             memory_clock_idle_mhz=405,

@@ -86,10 +86,13 @@ def test_nvlink_traffic_comes_with_allreduce_phases(sims, clock) -> None:
     assert statistics.mean(by_phase[ALLREDUCE]) > 5 * statistics.mean(by_phase[COMPUTE])
 
 
-def test_throttling_is_occasional_not_constant() -> None:
+def test_the_power_cap_holds_dense_compute_and_lets_the_other_phases_go() -> None:
+    """A real H200 under bf16 products had the software power cap asserted 97 % of the time
+    (tests/fixtures/captures/h200-load.json): compute phases are capped, all-reduce, data waits, loading,
+    checkpoints and idle gaps are not, so over a training hour the cap is on most of the time, not always."""
     rows = trace("1xH100-SXM", 6, [float(t) for t in range(60, 3600, 3)])
     capped = [bool(r[5] & pynvml.nvmlClocksEventReasonSwPowerCap) for r in rows]
-    assert 0.02 < sum(capped) / len(capped) < 0.6
+    assert 0.5 < sum(capped) / len(capped) < 0.95
 
 
 def test_idle_between_jobs() -> None:
