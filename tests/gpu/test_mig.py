@@ -192,6 +192,7 @@ def test_mig_handles_answer_like_nvml(sims) -> None:
         ),
         ("1xH200/mig=3g.40gb", "no MIG profile 3g.40gb"),
         ("1xH100-SXM/mig=3c.3g.40gb", "takes 1 to 2 slices"),
+        ("1xH100-SXM/mig=1c.1g.10gb", "write 1g.10gb"),
     ],
 )
 def test_bad_mig_specs_are_refused(spec: str, error: str) -> None:

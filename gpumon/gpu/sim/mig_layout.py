@@ -106,7 +106,9 @@ def place(model_key: str, board_mib: int, tokens: tuple[str, ...]) -> list[MigSl
             raise LayoutError(
                 f"{model_key} has no MIG profile {gi_name}; it has {', '.join(profiles(model_key))}"
             )
-        if ci_slices > slices or ci_slices == slices:
+        if ci_slices >= slices:
+            if slices == 1:
+                raise LayoutError(f"{token!r}: a 1g GPU instance has one compute instance; write {gi_name}")
             raise LayoutError(f"{token!r}: a compute instance of a {gi_name} takes 1 to {slices - 1} slices")
         if ci_slices and shared and shared[1] == slices and shared[2] + ci_slices <= slices:
             gi, _, taken = shared
