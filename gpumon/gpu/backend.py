@@ -40,7 +40,8 @@ class Device:
 
     def capabilities(self) -> Mapping[str, str]:
         support = dict(self.support)  # one C-level copy: safe while the GPU's worker updates it
-        return {q: s.value for q, s in sorted(support.items())}
+        # "fold:…" says how a quantity is read (through the field-value batch), not whether it is
+        return {q: s.value for q, s in sorted(support.items()) if not q.startswith("fold:")}
 
 
 # backends whose numbers are not this node's GPUs, and how every output names them

@@ -116,7 +116,7 @@ ENERGY = metric(
     "counter",
     "Energy consumed since the driver loaded; use rate() for average power and tokens-per-joule.",
     unit="joules",
-    source="nvmlDeviceGetTotalEnergyConsumption (mJ)",
+    source="field NVML_FI_DEV_ENERGY (mJ), else nvmlDeviceGetTotalEnergyConsumption",
     field="energy_joules",
 )
 

@@ -67,7 +67,7 @@ PCIE_REPLAYS = metric(
     "gpumon_gpu_pcie_replays_total",
     "counter",
     "PCIe replays (retransmissions after link errors).",
-    source="nvmlDeviceGetPcieReplayCounter",
+    source="field NVML_FI_DEV_PCIE_REPLAY_COUNTER, else nvmlDeviceGetPcieReplayCounter",
     field="pcie_replays",
 )
 

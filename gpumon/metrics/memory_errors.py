@@ -10,33 +10,33 @@ ECC = metric(
     "counter",
     "ECC errors since the driver loaded (type=corrected or uncorrected).",
     (*GPU, "type"),
-    source="nvmlDeviceGetTotalEccErrors(…, NVML_VOLATILE_ECC)",
+    source="fields NVML_FI_DEV_ECC_{SBE,DBE}_VOL_TOTAL, else nvmlDeviceGetTotalEccErrors(…, VOLATILE)",
 )
 ECC_LIFETIME = metric(
     "gpumon_gpu_ecc_lifetime_errors_total",
     "counter",
     "ECC errors over the GPU's lifetime (type=corrected or uncorrected).",
     (*GPU, "type"),
-    source="nvmlDeviceGetTotalEccErrors(…, NVML_AGGREGATE_ECC)",
+    source="fields NVML_FI_DEV_ECC_{SBE,DBE}_AGG_TOTAL, else nvmlDeviceGetTotalEccErrors(…, AGGREGATE)",
 )
 REMAPPED = metric(
     "gpumon_gpu_remapped_rows_total",
     "counter",
     "HBM rows remapped to spares, by the type of error that caused it (corrected or uncorrected).",
     (*GPU, "type"),
-    source="nvmlDeviceGetRemappedRows",
+    source="fields NVML_FI_DEV_REMAPPED_*, else nvmlDeviceGetRemappedRows",
 )
 REMAP_PENDING = metric(
     "gpumon_gpu_row_remap_pending",
     "gauge",
     "1 if a row remap waits for a GPU reset.",
-    source="nvmlDeviceGetRemappedRows",
+    source="fields NVML_FI_DEV_REMAPPED_*, else nvmlDeviceGetRemappedRows",
     field="row_remap_pending",
 )
 REMAP_FAILURE = metric(
     "gpumon_gpu_row_remap_failure",
     "gauge",
     "1 if a row remap failed (the GPU needs service).",
-    source="nvmlDeviceGetRemappedRows",
+    source="fields NVML_FI_DEV_REMAPPED_*, else nvmlDeviceGetRemappedRows",
     field="row_remap_failure",
 )

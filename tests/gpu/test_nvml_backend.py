@@ -258,7 +258,7 @@ def test_a_lost_gpu_raises_device_down_and_reopens_after_it_returns(sims) -> Non
     lost = sim.faults.add("lost:1")
     with pytest.raises(DeviceDown) as err:
         backend.read(d1, FAR)
-    assert err.value.kind == "GpuIsLost" and err.value.op == "nvmlDeviceGetUtilizationRates"
+    assert err.value.kind == "GpuIsLost" and err.value.op == "nvmlDeviceGetFieldValues"  # a read's first call
     assert backend.read(d0, FAR).reading.power_watts is not None
     with pytest.raises(DeviceDown):
         backend.reopen(d1)
@@ -363,3 +363,65 @@ def test_one_inactive_link_without_state_leaves_the_other_links_reported(sims) -
     links = backend.read(dev, FAR).reading.nvlinks
     assert links[7].up is None and links[6].up is True and links[8].up is True
     assert dev.capabilities()["nvlink_state"] == "supported"
+
+
+# -- quantities folded into the one field-value batch (issue 18) -----------------------------------------
+
+FOLDED_OPS = {
+    "nvmlDeviceGetTotalEnergyConsumption",
+    "nvmlDeviceGetTotalEccErrors",
+    "nvmlDeviceGetPcieReplayCounter",
+    "nvmlDeviceGetRemappedRows",
+}
+
+
+def _ops_of_a_read(sim: SimNvml) -> tuple[list[str], object]:
+    from gpumon.gpu.capture import RecordingNvml
+
+    recorder = RecordingNvml(sim)
+    backend, (dev,) = opened(recorder)  # type: ignore[arg-type]
+    backend.read(dev, FAR)
+    first = len(recorder.calls)
+    reading = backend.read(dev, FAR).reading
+    return [c["op"] for c in recorder.calls[first:]], reading
+
+
+def test_energy_ecc_replays_and_remapped_rows_come_from_the_batch(sims) -> None:
+    """Seven calls of a sweep fold into nvmlDeviceGetFieldValues, which a real H200 answers with the same
+    values (tests/gpu/capture/test_field_probe.py): the read makes none of them and its values are theirs."""
+    sim = sims("1xH100-SXM", static=True)
+    set_state(sim)
+    s = sim.gpus[0].state
+    s.ecc_volatile, s.ecc_aggregate, s.replays, s.remap = [3, 1], [7, 2], 5, (4, 1, 1, 0)
+    ops, r = _ops_of_a_read(sim)
+    assert not FOLDED_OPS & set(ops)
+    assert ops.count("nvmlDeviceGetFieldValues") == 1
+    assert r.energy_joules == pytest.approx(123_456.789)
+    assert (r.ecc_corrected_errors, r.ecc_uncorrected_errors) == (3, 1)
+    assert (r.ecc_corrected_errors_lifetime, r.ecc_uncorrected_errors_lifetime) == (7, 2)
+    assert r.pcie_replays == 5
+    assert (r.remapped_rows_correctable, r.remapped_rows_uncorrectable) == (4, 1)
+    assert (r.row_remap_pending, r.row_remap_failure) == (True, False)
+
+
+def test_a_driver_without_those_fields_is_read_with_their_own_calls(sims) -> None:
+    sim = sims("1xH100-SXM", static=True)
+    set_state(sim)
+    sim._folded_field = lambda gpu, fid: (pynvml.NVML_ERROR_NOT_SUPPORTED, 0, 0)  # type: ignore[method-assign]
+    ops, r = _ops_of_a_read(sim)
+    assert set(ops) >= FOLDED_OPS
+    assert r.energy_joules == pytest.approx(123_456.789) and r.pcie_replays is not None
+    assert r.ecc_corrected_errors is not None and r.remapped_rows_correctable is not None
+
+
+def test_folding_hides_nothing_a_board_lacks(sims) -> None:
+    """The RTX A6000 has no ECC and no row remapping: neither the fields nor the calls answer, and doctor
+    shows the quantities as not supported, with no trace of the batch's own bookkeeping."""
+    sim = sims("1xRTX-A6000", static=True)
+    backend, (dev,) = opened(sim)
+    r = backend.read(dev, FAR).reading
+    r = backend.read(dev, FAR).reading
+    assert r.ecc_corrected_errors is None and r.remapped_rows_correctable is None
+    caps = dev.capabilities()
+    assert caps["ecc"] == caps["remapped_rows"] == "not_supported" and caps["energy"] == "supported"
+    assert not any(q.startswith("fold:") for q in caps)

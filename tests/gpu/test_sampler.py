@@ -47,11 +47,11 @@ def test_a_gpu_lost_mid_run_is_down_while_the_others_stay_fresh(sims, samplers, 
     snap = sampler.sweep()
     assert up(snap) == [True, False, True]
     down = snap.gpus[1]
-    assert down.reading is None and down.down_reason == "GpuIsLost in nvmlDeviceGetUtilizationRates"
+    assert down.reading is None and down.down_reason == "GpuIsLost in nvmlDeviceGetFieldValues"
     assert down.last_success == first.gpus[1].reading.timestamp
     assert snap.gpus[0].reading.timestamp > first.gpus[0].reading.timestamp
     uuid = snap.gpus[1].info.uuid
-    assert snap.errors[("1", uuid, "nvmlDeviceGetUtilizationRates", "GpuIsLost")] == 1
+    assert snap.errors[("1", uuid, "nvmlDeviceGetFieldValues", "GpuIsLost")] == 1
 
     sim.faults.remove(lost)
     clock.advance(0.5)  # inside the first backoff (1 s): not retried yet

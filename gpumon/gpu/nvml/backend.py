@@ -238,11 +238,13 @@ class NvmlBackend:
 
         pcie_rates = pcie.start(c) if pcie.needed(dev) else None
 
+        # first: the batch carries quantities that would otherwise need calls of their own
+        fields = fieldvalues.read(c)
         util = c.call("utilization", "nvmlDeviceGetUtilizationRates", h)
         mem = self._memory(c)
         power = c.call("power", "nvmlDeviceGetPowerUsage", h)
         power_limit = c.call("power_limit", "nvmlDeviceGetEnforcedPowerLimit", h)
-        energy = c.call("energy", "nvmlDeviceGetTotalEnergyConsumption", h)
+        energy = self._folded(c, fields, "energy", "nvmlDeviceGetTotalEnergyConsumption")
         temp = c.call("temperature", "nvmlDeviceGetTemperature", h, pynvml.NVML_TEMPERATURE_GPU)
         sm_clock = c.call("sm_clock", "nvmlDeviceGetClockInfo", h, pynvml.NVML_CLOCK_SM)
         mem_clock = c.call("memory_clock", "nvmlDeviceGetClockInfo", h, pynvml.NVML_CLOCK_MEM)
@@ -251,14 +253,9 @@ class NvmlBackend:
         fan = c.call("fan", "nvmlDeviceGetFanSpeed", h)
         link_gen = c.call("pcie_link", "nvmlDeviceGetCurrPcieLinkGeneration", h)
         link_width = c.call("pcie_link", "nvmlDeviceGetCurrPcieLinkWidth", h)
-        replays = c.call("pcie_replays", "nvmlDeviceGetPcieReplayCounter", h)
-        ecc = [
-            c.call(q, "nvmlDeviceGetTotalEccErrors", h, err, counter)
-            for q, counter in (("ecc", pynvml.NVML_VOLATILE_ECC), ("ecc_lifetime", pynvml.NVML_AGGREGATE_ECC))
-            for err in (pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED, pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED)
-        ]
-        remap = c.call("remapped_rows", "nvmlDeviceGetRemappedRows", h)
-        fields = fieldvalues.read(c)
+        replays = self._folded(c, fields, "pcie_replays", "nvmlDeviceGetPcieReplayCounter")
+        ecc = [*self._ecc(c, fields, "ecc"), *self._ecc(c, fields, "ecc_lifetime")]
+        remap = self._folded(c, fields, "remapped_rows", "nvmlDeviceGetRemappedRows")
         if dev.info.nvlink_count and dev.reads % self.nvlink_state_every == 0:
             fieldvalues.read_link_states(c)
         profiling = self._profiling(c)
@@ -318,6 +315,24 @@ class NvmlBackend:
             mig=migs,
         )
         return ReadResult(reading, tuple(c.errors))
+
+    @staticmethod
+    def _folded(c: Calls, fields: fieldvalues.Fields, quantity: str, op: str) -> Any:
+        """From the batch where it carries the quantity; else from the quantity's own call."""
+        value = fieldvalues.folded(c, fields, quantity)
+        return c.call(quantity, op, c.dev.handle) if value is fieldvalues.UNFOLDED else value
+
+    @staticmethod
+    def _ecc(c: Calls, fields: fieldvalues.Fields, quantity: str) -> tuple[Any, Any]:
+        """(corrected, uncorrected) volatile ("ecc") or lifetime ("ecc_lifetime") ECC error totals."""
+        value = fieldvalues.folded(c, fields, quantity)
+        if value is not fieldvalues.UNFOLDED:
+            return value if value is not None else (None, None)
+        counter = pynvml.NVML_VOLATILE_ECC if quantity == "ecc" else pynvml.NVML_AGGREGATE_ECC
+        return tuple(  # type: ignore[return-value]
+            c.call(quantity, "nvmlDeviceGetTotalEccErrors", c.dev.handle, err, counter)
+            for err in (pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED, pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED)
+        )
 
     def _profiling(self, c: Calls) -> ProfilingReading | None:
         if self.profiler is not None:

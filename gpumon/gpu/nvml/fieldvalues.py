@@ -1,7 +1,14 @@
 """The one batched ``nvmlDeviceGetFieldValues`` call per GPU: HBM temperature, throttle time, PCIe byte
-counters and NVLink throughput (all links and each link); and NVLink state, read per link."""
+counters and NVLink throughput (all links and each link), and the quantities folded into it from calls of
+their own (energy, ECC totals, PCIe replays, remapped rows); and NVLink state, read per link.
+
+A folded quantity is read from the batch where the GPU answers its fields; where it does not (an older
+driver), its own call reads it, as before. tests/gpu/capture/test_field_probe.py holds each field to its
+call on a real H200."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import pynvml
 
@@ -19,6 +26,22 @@ FI_PCIE_TX, FI_PCIE_RX = 197, 198
 FI_NVLINK_TX, FI_NVLINK_RX = 138, 139
 THROTTLE_FIELDS = {fid: name for _, name, fid in THROTTLE_REASONS if fid is not None}
 
+# quantity → the fields that carry it in the batch, in the order its own call returns them
+FOLDED: dict[str, tuple[int, ...]] = {
+    "energy": (pynvml.NVML_FI_DEV_ENERGY,),  # mJ, as nvmlDeviceGetTotalEnergyConsumption
+    "ecc": (pynvml.NVML_FI_DEV_ECC_SBE_VOL_TOTAL, pynvml.NVML_FI_DEV_ECC_DBE_VOL_TOTAL),
+    "ecc_lifetime": (pynvml.NVML_FI_DEV_ECC_SBE_AGG_TOTAL, pynvml.NVML_FI_DEV_ECC_DBE_AGG_TOTAL),
+    "pcie_replays": (pynvml.NVML_FI_DEV_PCIE_REPLAY_COUNTER,),
+    "remapped_rows": (
+        pynvml.NVML_FI_DEV_REMAPPED_COR,
+        pynvml.NVML_FI_DEV_REMAPPED_UNC,
+        pynvml.NVML_FI_DEV_REMAPPED_PENDING,
+        pynvml.NVML_FI_DEV_REMAPPED_FAILURE,
+    ),
+}
+FOLD = "fold:"  # capability key prefix: whether the batch carries the quantity (not shown by doctor)
+UNFOLDED = object()  # folded() says: the batch does not carry it here; ask its own call
+
 Fields = dict[tuple[int, int], float]
 
 
@@ -31,6 +54,9 @@ def plan(dev: NvmlDevice) -> list[tuple[str, int, int]]:
     wanted += [(f"throttle_time:{name}", fid, 0) for fid, name in THROTTLE_FIELDS.items()]
     wanted += [("pcie_bytes", FI_PCIE_TX, 0), ("pcie_bytes", FI_PCIE_RX, 0)]
     wanted += [("nvlink", FI_NVLINK_TX, UINT_MAX), ("nvlink", FI_NVLINK_RX, UINT_MAX)]
+    for quantity, fids in FOLDED.items():
+        if dev.support.get(quantity) not in SKIP:
+            wanted += [(FOLD + quantity, fid, 0) for fid in fids]
     for link in range(dev.info.nvlink_count):
         wanted += [("nvlink_links", FI_NVLINK_TX, link), ("nvlink_links", FI_NVLINK_RX, link)]
     dev.fields = [p for p in wanted if dev.support.get(p[0]) not in SKIP]
@@ -59,7 +85,10 @@ def read(c: Calls) -> Fields:
             if dev.support.get(quantity) is not Support.SUPPORTED:
                 dev.set_support(quantity, Support.SUPPORTED)
         elif ret in (pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_NO_PERMISSION):
-            if quantity == "nvlink_links":
+            if quantity.startswith(FOLD):
+                # not in the batch here: the quantity's own call decides (and logs) whether it exists
+                dev.set_support(quantity, Support.NOT_SUPPORTED)
+            elif quantity == "nvlink_links":
                 unsupported_links += 1  # one inactive link is not "NVLink unsupported"
             else:
                 denied = ret == pynvml.NVML_ERROR_NO_PERMISSION
@@ -71,6 +100,23 @@ def read(c: Calls) -> Fields:
     if unsupported_links and unsupported_links == 2 * dev.info.nvlink_count:
         c.absent("nvlink_links", "nvmlDeviceGetFieldValues[138]", Support.NOT_SUPPORTED)
     return out
+
+
+def folded(c: Calls, fields: Fields, quantity: str) -> Any:
+    """A folded quantity from the batch: one number, or a tuple in the order of its own call's answer; None
+    when a field of it failed this sweep (counted); UNFOLDED when the batch does not carry it on this GPU."""
+    dev = c.dev
+    if dev.support.get(quantity) in SKIP:
+        return None
+    if dev.support.get(FOLD + quantity) in SKIP:
+        return UNFOLDED
+    got = [fields.get((fid, 0)) for fid in FOLDED[quantity]]
+    values = [v for v in got if v is not None]
+    if len(values) < len(got):
+        return None
+    if dev.support.get(quantity) is not Support.SUPPORTED:
+        dev.set_support(quantity, Support.SUPPORTED)
+    return values[0] if len(values) == 1 else tuple(int(v) for v in values)
 
 
 def nvlinks(dev: NvmlDevice, fields: Fields) -> tuple[NvlinkReading, ...]:

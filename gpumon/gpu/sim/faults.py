@@ -218,6 +218,24 @@ class Faults:
         if delay > 0.0:
             time.sleep(delay)
 
+    def error_for(self, op: str, gpu: int | None) -> int | None:
+        """The NVML error a call would raise now (for a field that carries what ``op`` reads), or None.
+        Latency and hangs stay with the call itself."""
+        errors = {
+            "lost": pynvml.NVML_ERROR_GPU_IS_LOST,
+            "uninitialized": pynvml.NVML_ERROR_UNINITIALIZED,
+            "unsupported": pynvml.NVML_ERROR_NOT_SUPPORTED,
+        }
+        t = self._now()
+        for f in self._faults:
+            if f.kind in EVENT_KINDS or f.kind in STATE_KINDS or not (f.matches(op, gpu) and f.active(t)):
+                continue
+            if f.kind == "error":
+                return int(f.error)
+            if f.kind in errors:
+                return errors[f.kind]
+        return None
+
     def events(self) -> list[Fault]:
         return [f for f in self._faults if f.kind in EVENT_KINDS]
 

@@ -39,13 +39,37 @@ FI_NVLINK_COUNT = pynvml.NVML_FI_DEV_NVLINK_LINK_COUNT
 FI_PCIE = (pynvml.NVML_FI_DEV_PCIE_COUNT_TX_BYTES, pynvml.NVML_FI_DEV_PCIE_COUNT_RX_BYTES)
 FI_NVLINK = (pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX)
 FI_THROTTLE_TIME = tuple(fid for _, _, fid in THROTTLE_REASONS if fid is not None)
-_FIELDS_KNOWN = {FI_MEMORY_TEMP, FI_NVLINK_COUNT, *FI_PCIE, *FI_NVLINK, *FI_THROTTLE_TIME}
+# fields that carry what a call of its own also answers: (that call, how to read the field from the state)
+FI_ENERGY = pynvml.NVML_FI_DEV_ENERGY
+FI_ECC = {  # field → (volatile?, error type index)
+    pynvml.NVML_FI_DEV_ECC_SBE_VOL_TOTAL: (True, 0),
+    pynvml.NVML_FI_DEV_ECC_DBE_VOL_TOTAL: (True, 1),
+    pynvml.NVML_FI_DEV_ECC_SBE_AGG_TOTAL: (False, 0),
+    pynvml.NVML_FI_DEV_ECC_DBE_AGG_TOTAL: (False, 1),
+}
+FI_REPLAYS = pynvml.NVML_FI_DEV_PCIE_REPLAY_COUNTER
+FI_REMAPPED = (
+    pynvml.NVML_FI_DEV_REMAPPED_COR,
+    pynvml.NVML_FI_DEV_REMAPPED_UNC,
+    pynvml.NVML_FI_DEV_REMAPPED_PENDING,
+    pynvml.NVML_FI_DEV_REMAPPED_FAILURE,
+)
+# a fault on a call reaches the fields that carry the same quantity, as a failing driver path would
+FOLDED_OP = {
+    FI_ENERGY: "nvmlDeviceGetTotalEnergyConsumption",
+    **dict.fromkeys(FI_ECC, "nvmlDeviceGetTotalEccErrors"),
+    FI_REPLAYS: "nvmlDeviceGetPcieReplayCounter",
+    **dict.fromkeys(FI_REMAPPED, "nvmlDeviceGetRemappedRows"),
+}
+_FIELDS_KNOWN = {FI_MEMORY_TEMP, FI_NVLINK_COUNT, *FI_PCIE, *FI_NVLINK, *FI_THROTTLE_TIME, *FOLDED_OP}
 
 # Which calls each model lacks: (op or field id) → predicate on the model
 _MODEL_GAPS: dict[str | int, Callable[[SimModel], bool]] = {
     "nvmlDeviceGetFanSpeed": lambda m: not m.fan,
     "nvmlDeviceGetTotalEccErrors": lambda m: not m.ecc,
     "nvmlDeviceGetRemappedRows": lambda m: not m.remapped_rows,
+    **{fid: (lambda m: not m.ecc) for fid in FI_ECC},
+    **{fid: (lambda m: not m.remapped_rows) for fid in FI_REMAPPED},
     "nvmlDeviceGetNvLinkState": lambda m: m.nvlinks == 0,
     "nvmlDeviceGetMigMode": lambda m: not m.mig,
     FI_MEMORY_TEMP: lambda m: not m.hbm,
@@ -382,6 +406,22 @@ class SimNvml(SimEvents, SimMig, SimGpm, SimProcesses):
             fields.encode(values, i, fid, scope, stamp, 3, value_type, ret, value)
         return values
 
+    def _folded_field(self, gpu: SimGpu, fid: int) -> tuple[int, int, float]:
+        failed = self.faults.error_for(FOLDED_OP[fid], gpu.index)
+        if failed is not None:
+            return failed, _ULL, 0
+        s = gpu.state
+        if fid == FI_ENERGY:
+            return pynvml.NVML_SUCCESS, _ULL, int(s.energy_j * 1000)
+        if fid in FI_ECC:
+            volatile, kind = FI_ECC[fid]
+            return pynvml.NVML_SUCCESS, _ULL, (s.ecc_volatile if volatile else s.ecc_aggregate)[kind]
+        if fid == FI_REPLAYS:
+            return pynvml.NVML_SUCCESS, _UINT, s.replays
+        if gpu.mig:  # as its own call: no row remapping in MIG mode
+            return pynvml.NVML_ERROR_NOT_SUPPORTED, _UINT, 0
+        return pynvml.NVML_SUCCESS, _UINT, s.remap[FI_REMAPPED.index(fid)]
+
     def _field(self, gpu: SimGpu, fid: int, scope: int) -> tuple[int, int, float]:
         """(nvmlReturn, valueType, value) of one field, in NVML's units."""
         s, m = gpu.state, gpu.model
@@ -389,6 +429,8 @@ class SimNvml(SimEvents, SimMig, SimGpm, SimProcesses):
             return pynvml.NVML_ERROR_NOT_SUPPORTED, _ULL, 0
         if gpu.mig and (fid == FI_NVLINK_COUNT or fid in FI_NVLINK):
             return pynvml.NVML_ERROR_NOT_SUPPORTED, _ULL, 0  # NVLink, in MIG mode: as real NVML
+        if fid in FOLDED_OP:
+            return self._folded_field(gpu, fid)
         if fid == FI_MEMORY_TEMP:
             return pynvml.NVML_SUCCESS, _UINT, int(s.mem_temp_c)
         if fid == FI_NVLINK_COUNT:
