@@ -14,6 +14,8 @@ from typing import Any
 
 import pynvml
 
+from gpumon.gpu import fields as field_codec  # the one decoder and encoder of field values
+
 # ops whose answer is a handle, and the name the first handle of each gets
 HANDLE_OPS = {
     "nvmlDeviceGetHandleByIndex": "gpu",
@@ -26,9 +28,14 @@ HANDLE_OPS = {
 }
 
 
+def address(pointer: Any) -> int:
+    """Where a ctypes pointer (a device handle, a GPM sample buffer) points: the same for every copy of it."""
+    return ctypes.cast(pointer, ctypes.c_void_p).value or 0
+
+
 def _key(obj: Any) -> tuple[str, int]:
     if isinstance(obj, ctypes._Pointer):
-        return ("addr", ctypes.cast(obj, ctypes.c_void_p).value or 0)
+        return ("addr", address(obj))
     return ("obj", id(obj))
 
 
@@ -67,17 +74,15 @@ class Refs:
             return name
 
 
-def _raw(struct: Any, name: str) -> Any:
+def raw(struct: Any, name: str) -> Any:
     # pynvml's structures decode char arrays on attribute access; the stored bytes are what NVML wrote
     return ctypes.Structure.__getattribute__(struct, name)
 
 
-def _field_value(struct: Any, refs: Refs) -> dict[str, Any]:
+def _field_value(struct: Any) -> dict[str, Any]:
     """One ``c_nvmlFieldValue_t`` with its union member chosen by ``valueType``, as a number."""
-    from gpumon.gpu import fields as codec  # the one decoder of field values
-
-    ((_, value),) = codec.decode((pynvml.c_nvmlFieldValue_t * 1)(struct))
-    out = {name: _raw(struct, name) for name, _ in struct._fields_ if name != "value"}
+    ((_, value),) = field_codec.decode((pynvml.c_nvmlFieldValue_t * 1)(struct))
+    out = {name: raw(struct, name) for name, _ in struct._fields_ if name != "value"}
     out["value"] = value
     return {"struct": "c_nvmlFieldValue_t", "fields": out}
 
@@ -102,9 +107,9 @@ def encode(value: Any, refs: Refs) -> Any:
     if isinstance(value, ctypes.Array):
         return {"array": value._type_.__name__, "items": [encode(v, refs) for v in value]}
     if isinstance(value, pynvml.c_nvmlFieldValue_t):
-        return _field_value(value, refs)
+        return _field_value(value)
     if isinstance(value, ctypes.Structure):
-        fields = {f[0]: encode(_raw(value, f[0]), refs) for f in value._fields_}
+        fields = {f[0]: encode(raw(value, f[0]), refs) for f in value._fields_}
         return {"struct": type(value).__name__, "fields": fields}
     if isinstance(value, ctypes.Union):
         return {"union": type(value).__name__, "bytes": bytes(value).hex()}
@@ -166,11 +171,9 @@ def _array(value: dict[str, Any], handles: dict[str, Any]) -> Any:
 
 def _struct(name: str, fields: dict[str, Any], handles: dict[str, Any]) -> Any:
     if name == "c_nvmlFieldValue_t":
-        from gpumon.gpu import fields as codec
-
         one = (pynvml.c_nvmlFieldValue_t * 1)()
         f = fields
-        codec.encode(
+        field_codec.encode(
             one, 0, f["fieldId"], f["scopeId"], f["timestamp"], f["latencyUsec"], f["valueType"],
             f["nvmlReturn"], f["value"] if f["value"] is not None else 0,
         )  # fmt: skip
@@ -183,7 +186,7 @@ def _struct(name: str, fields: dict[str, Any], handles: dict[str, Any]) -> Any:
     for k, v in decoded.items():
         if v is None:
             continue
-        target = _raw(struct, k)
+        target = raw(struct, k)
         if isinstance(target, ctypes.Array) and isinstance(v, (list, ctypes.Array)):
             for i, item in enumerate(v):
                 target[i] = item

@@ -16,15 +16,13 @@ from typing import Any
 
 import pynvml
 
-from gpumon.gpu.capture.codec import HANDLE_OPS, Refs, encode
+from gpumon.gpu.capture.codec import HANDLE_OPS, Refs, address, encode, raw
 from gpumon.gpu.capture.keys import gpm_source
 from gpumon.gpu.nvml.calls import error_kind
 
 
 def _address(sample: Any) -> int:
-    if isinstance(sample, ctypes._Pointer):
-        return ctypes.cast(sample, ctypes.c_void_p).value or 0
-    return id(sample)
+    return address(sample) if isinstance(sample, ctypes._Pointer) else id(sample)
 
 
 class RecordingNvml:
@@ -94,7 +92,6 @@ def _metrics(request: Any) -> list[dict[str, Any]]:
     out = []
     for i in range(int(request.numMetrics)):
         m = request.metrics[i]
-        raw = ctypes.Structure.__getattribute__
         out.append(
             {"metricId": raw(m, "metricId"), "nvmlReturn": raw(m, "nvmlReturn"), "value": raw(m, "value")}
         )

@@ -21,7 +21,7 @@ from typing import Any
 import pynvml
 
 from gpumon.gpu import fields as field_codec
-from gpumon.gpu.capture.codec import decode
+from gpumon.gpu.capture.codec import address, decode
 from gpumon.gpu.capture.format import Capture
 from gpumon.gpu.capture.keys import call_key, gpm_source
 
@@ -62,12 +62,10 @@ class ReplayNvml:
         self._answers: dict[str, list[dict[str, Any]]] = defaultdict(list)
         self._fields: dict[tuple[str, int, int], list[dict[str, Any]]] = defaultdict(list)
         self._missing: set[str] = set()
-        self._seen_ops: set[str] = set()
         failed: dict[str, dict[str, Any]] = {}
         answered: set[str] = set()
         for entry in capture.calls:
             op = entry["op"]
-            self._seen_ops.add(op)
             if entry.get("missing"):
                 self._missing.add(op)
                 continue
@@ -194,21 +192,20 @@ class ReplayNvml:
         return pointer
 
     def _gpm_free(self, sample: Any) -> None:
-        self._buffers.pop(ctypes.cast(sample, ctypes.c_void_p).value or 0, None)
+        self._buffers.pop(address(sample), None)
 
     def _gpm_get(self, handle: Any, sample: Any) -> Any:
         self._answer("nvmlGpmSampleGet", (handle,))
-        self._sources[ctypes.cast(sample, ctypes.c_void_p).value or 0] = gpm_source(handle.name, None)
+        self._sources[address(sample)] = gpm_source(handle.name, None)
         return sample
 
     def _gpm_mig_get(self, handle: Any, instance: int, sample: Any) -> Any:
         self._answer("nvmlGpmMigSampleGet", (handle, instance))
-        address = ctypes.cast(sample, ctypes.c_void_p).value or 0
-        self._sources[address] = gpm_source(handle.name, int(instance))
+        self._sources[address(sample)] = gpm_source(handle.name, int(instance))
         return sample
 
     def _gpm_metrics(self, request: Any) -> Any:
-        source = self._sources.get(ctypes.cast(request.sample2, ctypes.c_void_p).value or 0)
+        source = self._sources.get(address(request.sample2))
         entry = self._next(call_key("nvmlGpmMetricsGet", [source or gpm_source(None, None)]))
         if entry is None:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)

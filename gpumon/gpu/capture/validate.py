@@ -220,8 +220,9 @@ def _ctypes_type(name: Any, base: type | tuple[type, ...]) -> type:
     return cls
 
 
-def _value(value: Any, depth: int = 0) -> None:
-    """Any encoded value: JSON where JSON fits, else one of codec.py's tagged forms."""
+def _value(value: Any) -> None:
+    """Any encoded value: JSON where JSON fits, else one of codec.py's tagged forms (format.py has already
+    bounded how deep it nests)."""
     if value is None or isinstance(value, (bool, int, str)):
         return
     if isinstance(value, float):
@@ -230,7 +231,7 @@ def _value(value: Any, depth: int = 0) -> None:
         return
     if isinstance(value, list):
         for v in value:
-            _value(v, depth + 1)
+            _value(v)
         return
     if not isinstance(value, dict):
         raise Invalid(f"cannot read {value!r}")
@@ -246,11 +247,11 @@ def _value(value: Any, depth: int = 0) -> None:
             raise Invalid(f"{value['bytes']!r} is not hex") from None
         return
     if tags == {"tuple"} and isinstance(value["tuple"], list):
-        _value(value["tuple"], depth + 1)
+        _value(value["tuple"])
         return
     if tags == {"array", "items"} and isinstance(value["items"], list):
         _ctypes_type(value["array"], (ctypes.Structure, ctypes.Union, ctypes._SimpleCData))
-        _value(value["items"], depth + 1)
+        _value(value["items"])
         return
     if tags == {"struct", "fields"} and isinstance(value["fields"], dict):
         cls = _ctypes_type(value["struct"], ctypes.Structure)
@@ -258,10 +259,10 @@ def _value(value: Any, depth: int = 0) -> None:
         unknown = set(value["fields"]) - known
         if unknown:
             raise Invalid(f"{value['struct']} has no field {sorted(unknown)[0]!r}")
-        _value(list(value["fields"].values()), depth + 1)
+        _value(list(value["fields"].values()))
         return
     if tags == {"object"} and isinstance(value["object"], dict):
-        _value(list(value["object"].values()), depth + 1)
+        _value(list(value["object"].values()))
         return
     if tags == {"union", "bytes"} and isinstance(value["bytes"], str):
         _ctypes_type(value["union"], ctypes.Union)

@@ -132,6 +132,18 @@ class Fault:
         )
 
 
+_ERRORS = {
+    "lost": pynvml.NVML_ERROR_GPU_IS_LOST,
+    "uninitialized": pynvml.NVML_ERROR_UNINITIALIZED,
+    "unsupported": pynvml.NVML_ERROR_NOT_SUPPORTED,
+}
+
+
+def _error(fault: Fault) -> int | None:
+    """The NVML return code a fault makes a call fail with; None for faults that only slow or hang it."""
+    return int(fault.error) if fault.kind == "error" else _ERRORS.get(fault.kind)
+
+
 class Faults:
     """The active fault set of one simulated NVML. Thread-safe: the sampler calls from many threads."""
 
@@ -207,33 +219,20 @@ class Faults:
                     delay += f.delay
                 elif f.kind == "hang":
                     self._hang(f)
-                elif f.kind == "lost":
-                    raise pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)
-                elif f.kind == "uninitialized":
-                    raise pynvml.NVMLError(pynvml.NVML_ERROR_UNINITIALIZED)
-                elif f.kind == "unsupported":
-                    raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
-                elif f.kind == "error":
-                    raise pynvml.NVMLError(f.error)
+                elif (error := _error(f)) is not None:
+                    raise pynvml.NVMLError(error)
         if delay > 0.0:
             time.sleep(delay)
 
     def error_for(self, op: str, gpu: int | None) -> int | None:
         """The NVML error a call would raise now (for a field that carries what ``op`` reads), or None.
         Latency and hangs stay with the call itself."""
-        errors = {
-            "lost": pynvml.NVML_ERROR_GPU_IS_LOST,
-            "uninitialized": pynvml.NVML_ERROR_UNINITIALIZED,
-            "unsupported": pynvml.NVML_ERROR_NOT_SUPPORTED,
-        }
         t = self._now()
         for f in self._faults:
             if f.kind in EVENT_KINDS or f.kind in STATE_KINDS or not (f.matches(op, gpu) and f.active(t)):
                 continue
-            if f.kind == "error":
-                return int(f.error)
-            if f.kind in errors:
-                return errors[f.kind]
+            if (error := _error(f)) is not None:
+                return error
         return None
 
     def events(self) -> list[Fault]:
