@@ -8,6 +8,7 @@ from support.helpers import Daemon, ManualClock, start_daemon
 from gpumon.gpu.nvml import NvmlBackend
 from gpumon.gpu.sampler import Sampler
 from gpumon.gpu.sim import SimNvml
+from gpumon.metrics.registry import DETAILS
 
 
 @pytest.fixture
@@ -34,8 +35,9 @@ def sims() -> Iterator[Callable[..., SimNvml]]:
 def samplers() -> Iterator[Callable[..., Sampler]]:
     made: list[Sampler] = []
 
-    def make(nvml: SimNvml, **kw: object) -> Sampler:
-        sampler = Sampler(NvmlBackend(nvml), **kw)  # type: ignore[arg-type]
+    def make(nvml: SimNvml, details: frozenset[str] = frozenset(DETAILS), **kw: object) -> Sampler:
+        """A sampler that reads everything any opt-in detail needs (``details`` narrows it)."""
+        sampler = Sampler(NvmlBackend(nvml, details=details), **kw)  # type: ignore[arg-type]
         sampler.open()
         made.append(sampler)
         return sampler

@@ -22,6 +22,7 @@ from gpumon.gpu.nvml import NvmlBackend
 from gpumon.gpu.sampler import Sampler
 from gpumon.gpu.sim import SimNvml
 from gpumon.gpu.types import BackendUnavailable
+from gpumon.metrics.registry import DETAILS
 
 log = logging.getLogger("gpumon")
 
@@ -69,7 +70,7 @@ def add_common_options(p: argparse.ArgumentParser, *, gpus: bool = True) -> None
         action="append",
         default=[],
         metavar="FAULT",
-        help="inject a simulator fault, e.g. lost:3@10+30 or hang:2:nvmlDeviceGetPowerUsage@5 "
+        help="inject a simulator fault, e.g. lost:3@10+30 or hang:2:nvmlDeviceGetTemperature@5 "
         "(repeatable; see docs/simulator.md)",
     )
     g.add_argument(
@@ -117,6 +118,15 @@ def add_common_options(p: argparse.ArgumentParser, *, gpus: bool = True) -> None
     )
     t.add_argument("--proc-root", metavar="PATH", help="the host's /proc (default /proc)")
     t.add_argument("--compat", choices=("dcgm",), help="also emit dcgm-exporter metric names and units")
+    t.add_argument(
+        "--collect",
+        action="append",
+        default=[],
+        metavar="NAME[,NAME]",
+        help="opt-in detail beyond the default series budget: nvlink-links, throttle-reasons, "
+        "process-utilization, profiling-detail, event-types, ecc-lifetime, device-state, sampler-timing, or "
+        "all (repeatable; docs/metrics.md says what each adds)",
+    )
 
 
 Wrap = Callable[[Any], Any] | None  # puts something between the backend and its NVML (a recorder)
@@ -211,6 +221,8 @@ def open_sampler(settings: Settings, command: str, *, wait: bool = False, wrap: 
     def opened(backend: NvmlBackend, *, wait: bool = False) -> Sampler:
         backend.gpm = settings.profiling in ("auto", "gpm")
         backend.processes = settings.processes
+        # a one-off read shows and probes everything; the daemon reads what its exposition needs
+        backend.details = frozenset(DETAILS) if command in ("snapshot", "doctor") else settings.details
         sampler = Sampler(backend, interval=settings.interval, timeout=settings.deadline)
         if settings.profiling in ("auto", "dcgm") and backend.name == "nvml":
             sampler.on_open.append(lambda: _try_dcgm(backend, sampler, settings))

@@ -145,6 +145,7 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
         sampler.alive,
         backend=backend,
         owner_labels=settings.owner_labels,
+        details=settings.details,
         compat=settings.compat,
         training=training,
         node=settings.node_name or node_hostname(),

@@ -73,7 +73,7 @@ def resolve(flags: Mapping[str, Any], env: Mapping[str, str] | None = None) -> S
         elif _env_name(f.name) in env:
             value: Any = env[_env_name(f.name)]
             # a sim job's GPU list has commas of its own, so GPUMON_SIM_JOBS separates jobs with ";"
-            sep = {"sim_faults": ",", "sim_jobs": ";"}.get(f.name)
+            sep = {"sim_faults": ",", "sim_jobs": ";", "collect": ","}.get(f.name)
             raw[f.name] = [v.strip() for v in value.split(sep) if v.strip()] if sep else value
         elif f.name in from_file:
             raw[f.name] = from_file[f.name]
@@ -200,6 +200,27 @@ def _validate_telemetry(raw: Mapping[str, Any], s: Settings) -> None:
         s.compat = text_setting(raw, "compat").lower()
         if s.compat not in COMPAT:
             raise ConfigError(f"compat: expected one of {', '.join(COMPAT)}, got {raw['compat']!r}")
+    if raw.get("collect"):
+        s.collect = _details(raw["collect"])
+
+
+def _details(value: object) -> list[str]:
+    """Opt-in detail names from a list (flags, a TOML array) or one comma-separated string; ``all`` is every
+    one. Unknown names are an error that lists the known ones."""
+    from gpumon.metrics.registry import ALL_DETAILS, DETAILS
+
+    items = value if isinstance(value, list) else [value]
+    names: list[str] = []
+    for item in items:
+        if not isinstance(item, str):
+            raise ConfigError(f"collect: expected names such as nvlink-links, got {item!r}")
+        names += [n.strip().lower() for n in item.split(",") if n.strip()]
+    if ALL_DETAILS in names:
+        return list(DETAILS)
+    for name in names:
+        if name not in DETAILS:
+            raise ConfigError(f"collect: unknown {name!r} (known: {', '.join(DETAILS)}, {ALL_DETAILS})")
+    return sorted(set(names), key=list(DETAILS).index)
 
 
 def setup_logging(level: str) -> None:

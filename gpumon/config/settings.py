@@ -59,6 +59,7 @@ class Settings:
     kubelet_socket: str = DEFAULT_KUBELET_SOCKET  # "" turns pod lookups off
     proc_root: str = "/proc"  # the host's /proc (mounted elsewhere when gpumon runs in a container)
     compat: str | None = None  # "dcgm": also emit dcgm-exporter's metric names
+    collect: list[str] = field(default_factory=list)  # opt-in detail by name (gpumon.metrics DETAILS)
     # training telemetry (docs/training.md)
     ingest: bool = True  # accept SDK reports on POST /v1/report
     ingest_token: str | None = None  # when set, reports must carry "Authorization: Bearer <token>"
@@ -81,6 +82,10 @@ class Settings:
     @property
     def deadline(self) -> float:
         return self.timeout if self.timeout is not None else self.interval / 2.0
+
+    @property
+    def details(self) -> frozenset[str]:
+        return frozenset(self.collect)
 
     @property
     def simulated(self) -> bool:

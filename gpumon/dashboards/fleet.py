@@ -267,7 +267,12 @@ def _errors() -> list[Panel | Row]:
             "GPUs throttled by reason",
             "GPUs whose clocks a power or thermal reason holds down right now, by reason.",
             COUNT,
-            Target(f"sum by (reason) (gpumon_gpu_throttle_active{{{NODE},{THROTTLING}}})", "{{reason}}"),
+            Target(
+                f"count by (reason) (rate(gpumon_gpu_throttle_seconds_total{{{NODE},{THROTTLING}}}"
+                "[$__rate_interval]) > 0.1)"
+                f" or sum by (reason) (gpumon_gpu_throttle_active{{{NODE},{THROTTLING}}})",
+                "{{reason}}",
+            ),
         ),
     ]
 

@@ -190,10 +190,19 @@ def _clocks_and_links() -> list[Panel | Row]:
         ),
         state_timeline(
             "Clock event reasons",
-            "Which clock event reasons hold any selected GPU's clocks down right now. gpu_idle is harmless; "
-            "the power and thermal ones (" + THROTTLE_REASONS.replace("|", ", ") + ") cost throughput.",
+            "Which clock event reasons held any selected GPU's clocks down for over 10 % of the interval "
+            "(from the cumulative throttle time; hw_slowdown from its 0/1 series). The power and thermal "
+            "ones ("
+            + THROTTLE_REASONS.replace("|", ", ")
+            + ") cost throughput; with --collect throttle-reasons the harmless ones (gpu_idle) show too.",
             {"0": ("inactive", "green"), "1": ("active", "orange")},
-            Target(f"max by (reason) (gpumon_gpu_throttle_active{{{GPU}}})", "{{reason}}"),
+            Target(
+                # the counters say a reason held clocks for over 10 % of the interval; the 0/1 series cover
+                # the reasons without one (hw_slowdown, and every reason with --collect throttle-reasons)
+                f"max by (reason) (rate(gpumon_gpu_throttle_seconds_total{{{GPU}}}[$__rate_interval])"
+                f" > bool 0.1) or max by (reason) (gpumon_gpu_throttle_active{{{GPU}}})",
+                "{{reason}}",
+            ),
             height=7,
         ),
         Row("PCIe and NVLink"),
@@ -227,7 +236,7 @@ def _clocks_and_links() -> list[Panel | Row]:
             "Active NVLinks over the links each GPU has; below 100 % a link is down and collectives slow.",
             RATIO,
             Target(
-                f"sum by ({BY_GPU}) (gpumon_gpu_nvlink_link_up{{{GPU}}})"
+                f"max by ({BY_GPU}) (gpumon_gpu_nvlink_links_up{{{GPU}}})"
                 f" / on({BY_GPU}) gpumon_gpu_nvlink_links{{{GPU}}}",
                 EACH,
                 instant=True,

@@ -120,11 +120,10 @@ def errors_and_processes() -> list[Panel | Row]:
             columns={"Value": ("GPU memory", BYTES)},
         ),
         timeseries(
-            "Process SM utilisation",
-            "Share of time each process had kernels running on its GPU (absent for a process that ran none).",
-            RATIO,
-            Target(sel("gpumon_process_sm_utilization_ratio", GPU), "{{instance}} GPU {{gpu}} pid {{pid}}"),
-            hi=1,
+            "Process GPU memory",
+            "GPU memory each process holds over time: a leak climbs, a restarted rank shows as a new pid.",
+            BYTES,
+            Target(sel("gpumon_process_memory_used_bytes", GPU), "{{instance}} GPU {{gpu}} pid {{pid}}"),
         ),
         table(
             "GPU owners",
@@ -137,7 +136,6 @@ def errors_and_processes() -> list[Panel | Row]:
 
 
 def profiling_and_host() -> list[Panel | Row]:
-    pipes = ("fp64", "fp32", "fp16")
     link = [(bus, d) for bus in ("nvlink", "pcie") for d in ("transmit", "receive")]
     return [
         Row("Profiling (GPM or DCGM)"),
@@ -169,24 +167,18 @@ def profiling_and_host() -> list[Panel | Row]:
             hi=1,
         ),
         timeseries(
-            "Non-tensor pipe activity",
-            "Time the FP64, FP32 and FP16 (non-tensor) pipes were busy, mean over the selected GPUs.",
-            RATIO,
-            *[Target(f"avg(gpumon_gpu_{p}_active_ratio{{{GPU}}})", p) for p in pipes],
-            hi=1,
-        ),
-        timeseries(
-            "Profiled link traffic",
-            "NVLink and PCIe bytes per second as the profiler measured them, summed over each node's "
-            "selected GPUs.",
+            "Link traffic per node",
+            "NVLink and PCIe bytes per second from the cumulative counters, summed over each node's selected "
+            "GPUs: NVLink carries the collectives, PCIe the host transfers (input, checkpoints, offload).",
             BYTES_PER_S,
             *[
                 Target(
-                    f"sum by (instance) (gpumon_gpu_profiling_{bus}_{d}_bytes_per_second{{{GPU}}})",
+                    f"sum by (instance) (rate(gpumon_gpu_{bus}_{d}_bytes_total{{{GPU}}}[$__rate_interval]))",
                     f"{bus} {d} {{{{instance}}}}",
                 )
                 for bus, d in link
             ],
+            width=24,
         ),
         Row("Host"),
         timeseries(

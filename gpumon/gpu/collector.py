@@ -24,6 +24,9 @@ from gpumon.gpu.types import THROTTLE_REASONS, MigReading
 
 Family = GaugeMetricFamily | CounterMetricFamily
 _ECC_TYPES = ("corrected", "uncorrected")
+# without --collect throttle-reasons: a 0/1 series only for reasons that cost throughput, and only where the
+# GPU has no cumulative time for them (hw_slowdown has none anywhere)
+_COSTLY_REASONS = ("sw_power_cap", "hw_slowdown", "sw_thermal", "hw_thermal", "hw_power_brake")
 # series that already say who owns what, or are not about one GPU's work
 _OWNER_EXEMPT = {M.GPU_INFO.name, M.GPU_OWNER.name, M.PROCESS_INFO.name, M.ERRORS.name}
 
@@ -33,20 +36,35 @@ def _family(m: M.Metric) -> Family:
     return cls(m.name, m.help, labels=m.labels)
 
 
+class Families(dict[str, Family]):
+    """The families of one build, only those of metrics switched on: adding to one that is off does nothing,
+    so the builders below need not know which opt-in detail is on."""
+
+    def __init__(self, metrics: Iterable[M.Metric], details: frozenset[str]) -> None:
+        super().__init__((m.name, _family(m)) for m in metrics if not m.detail or m.detail in details)
+        self.details = details
+
+    def add(self, metric: M.Metric, labels: list[str], value: float) -> None:
+        fam = self.get(metric.name)
+        if fam is not None:
+            fam.add_metric(labels, value)
+
+
 def _add_fields(
-    f: dict[str, Family], labels: list[str], source: object, fields: Iterable[tuple[M.Metric, str]]
+    f: Families, labels: list[str], source: object, fields: Iterable[tuple[M.Metric, str]]
 ) -> None:
     """One sample per (metric, attribute of ``source``) whose value is known: unknown is absent, not 0."""
     for metric, attr in fields:
         value = getattr(source, attr)
         if value is not None:
-            f[metric.name].add_metric(labels, value)
+            f.add(metric, labels, value)
 
 
-def _add_gpu(f: dict[str, Family], st: GpuStatus) -> None:
+def _add_gpu(f: Families, st: GpuStatus) -> None:
     info = st.info
     gl = [str(info.index), info.uuid]
-    f[M.GPU_INFO.name].add_metric(
+    f.add(
+        M.GPU_INFO,
         [
             *gl,
             info.name,
@@ -57,10 +75,10 @@ def _add_gpu(f: dict[str, Family], st: GpuStatus) -> None:
         ],
         1,
     )
-    f[M.GPU_UP.name].add_metric(gl, 1 if st.up else 0)
-    f[M.GPU_SAMPLE_DURATION.name].add_metric(gl, st.duration_seconds)
+    f.add(M.GPU_UP, gl, 1 if st.up else 0)
+    f.add(M.GPU_SAMPLE_DURATION, gl, st.duration_seconds)
     if st.last_success is not None:
-        f[M.GPU_LAST_SAMPLE.name].add_metric(gl, st.last_success)
+        f.add(M.GPU_LAST_SAMPLE, gl, st.last_success)
     static = (
         (M.PERSISTENCE, info.persistence_mode),
         (M.SM_CLOCK_MAX, info.sm_clock_max_hz),
@@ -70,20 +88,21 @@ def _add_gpu(f: dict[str, Family], st: GpuStatus) -> None:
     )
     for metric, value in static:
         if value is not None:
-            f[metric.name].add_metric(gl, value)
+            f.add(metric, gl, value)
     if info.nvlink_count:
-        f[M.NVL_LINKS.name].add_metric(gl, info.nvlink_count)
+        f.add(M.NVL_LINKS, gl, info.nvlink_count)
 
     r = st.reading
     if r is None:  # down: only the health series above, no stale values
         return
     _add_fields(f, gl, r, ((m, m.field) for m in M.GPU_SCALARS if m.field is not None))
     if r.throttle_reasons is not None:
-        active = f[M.THROTTLE_ACTIVE.name]
+        every = "throttle-reasons" in f.details
         for bit, reason, _ in THROTTLE_REASONS:
-            active.add_metric([*gl, reason], 1 if r.throttle_reasons & bit else 0)
+            if every or (reason in _COSTLY_REASONS and reason not in r.throttle_seconds):
+                f.add(M.THROTTLE_ACTIVE, [*gl, reason], 1 if r.throttle_reasons & bit else 0)
     for reason, seconds in r.throttle_seconds.items():
-        f[M.THROTTLE_SECONDS.name].add_metric([*gl, reason], seconds)
+        f.add(M.THROTTLE_SECONDS, [*gl, reason], seconds)
     for metric, pair in (
         (M.ECC, (r.ecc_corrected_errors, r.ecc_uncorrected_errors)),
         (M.ECC_LIFETIME, (r.ecc_corrected_errors_lifetime, r.ecc_uncorrected_errors_lifetime)),
@@ -91,52 +110,56 @@ def _add_gpu(f: dict[str, Family], st: GpuStatus) -> None:
     ):
         for kind, value in zip(_ECC_TYPES, pair, strict=True):
             if value is not None:
-                f[metric.name].add_metric([*gl, kind], value)
+                f.add(metric, [*gl, kind], value)
     p = r.profiling
     if p is not None:
-        f[M.PROFILING_INFO.name].add_metric([*gl, p.source], 1)
+        f.add(M.PROFILING_INFO, [*gl, p.source], 1)
         _add_fields(f, gl, p, M.PROFILING_FIELDS)
     _add_mig(f, gl, r.mig or ())
+    states = [link.up for link in r.nvlinks if link.up is not None]
+    if states:
+        f.add(M.NVL_LINKS_UP, gl, sum(states))
     for link in r.nvlinks:
         ll = [*gl, str(link.link)]
         if link.up is not None:
-            f[M.NVL_LINK_UP.name].add_metric(ll, 1 if link.up else 0)
+            f.add(M.NVL_LINK_UP, ll, 1 if link.up else 0)
         if link.transmit_bytes is not None:
-            f[M.NVL_LINK_TX.name].add_metric(ll, link.transmit_bytes)
+            f.add(M.NVL_LINK_TX, ll, link.transmit_bytes)
         if link.receive_bytes is not None:
-            f[M.NVL_LINK_RX.name].add_metric(ll, link.receive_bytes)
+            f.add(M.NVL_LINK_RX, ll, link.receive_bytes)
 
 
-def _add_mig(f: dict[str, Family], gl: list[str], migs: tuple[MigReading, ...]) -> None:
+def _add_mig(f: Families, gl: list[str], migs: tuple[MigReading, ...]) -> None:
     instances_done: set[int] = set()
     for m in migs:
         gi = [*gl, str(m.gpu_instance_id)]
-        f[M.MIG_INFO.name].add_metric([*gi, str(m.compute_instance_id), m.uuid, m.profile], 1)
+        f.add(M.MIG_INFO, [*gi, str(m.compute_instance_id), m.uuid, m.profile], 1)
         # memory and GPM are the GPU instance's: compute instances sharing one each report all of it
         if m.gpu_instance_id in instances_done:
             continue
         instances_done.add(m.gpu_instance_id)
         if m.memory_total_bytes is not None:
-            f[M.MIG_MEM_TOTAL.name].add_metric(gi, m.memory_total_bytes)
+            f.add(M.MIG_MEM_TOTAL, gi, m.memory_total_bytes)
         if m.memory_used_bytes is not None:
-            f[M.MIG_MEM_USED.name].add_metric(gi, m.memory_used_bytes)
+            f.add(M.MIG_MEM_USED, gi, m.memory_used_bytes)
         if m.profiling is not None:
             _add_fields(f, gi, m.profiling, M.MIG_PROFILING_FIELDS)
 
 
-def _add_processes(f: dict[str, Family], st: GpuStatus, ownership: GpuOwnership | None) -> None:
+def _add_processes(f: Families, st: GpuStatus, ownership: GpuOwnership | None) -> None:
     gl = [str(st.info.index), st.info.uuid]
     if ownership is not None and ownership.owner is not None:
-        f[M.GPU_OWNER.name].add_metric([*gl, *ownership.owner], 1)
+        f.add(M.GPU_OWNER, [*gl, *ownership.owner], 1)
     procs = st.reading.processes if st.reading is not None else None
     if procs is None:
         return
-    f[M.GPU_PROCESSES.name].add_metric(gl, len(procs))
+    f.add(M.GPU_PROCESSES, gl, len(procs))
     owned = ownership.processes if ownership is not None else {}
     for p in procs:
         pl = [*gl, str(p.pid)]
         o = owned.get(p.pid) or OwnedProcess(p.pid)
-        f[M.PROCESS_INFO.name].add_metric(
+        f.add(
+            M.PROCESS_INFO,
             [
                 *pl,
                 o.name,
@@ -159,7 +182,7 @@ def _add_processes(f: dict[str, Family], st: GpuStatus, ownership: GpuOwnership 
             (M.PROCESS_LAST_SEEN, p.last_seen),
         ):
             if value is not None:
-                f[metric.name].add_metric(pl, value)
+                f.add(metric, pl, value)
 
 
 def _with_owner_labels(families: list[Metric], snap: Snapshot) -> None:
@@ -179,45 +202,52 @@ def _with_owner_labels(families: list[Metric], snap: Snapshot) -> None:
         ]
 
 
-def _add_events(f: dict[str, Family], ev: EventsView, index: dict[str, str]) -> None:
+def _add_events(f: Families, ev: EventsView, index: dict[str, str]) -> None:
     for (op, kind), n in ev.errors.items():
-        f[M.ERRORS.name].add_metric(["", "", op, kind], n)
+        f.add(M.ERRORS, ["", "", op, kind], n)
     for uuid, labels in ev.registered.items():
         for label in labels:
-            f[M.EVENTS_REGISTERED.name].add_metric([index.get(uuid, ""), uuid, label], 1)
+            f.add(M.EVENTS_REGISTERED, [index.get(uuid, ""), uuid, label], 1)
+    every = "event-types" in f.details  # else XIDs only: every serious event type comes with one
     for (uuid, label), n in ev.counts.items():
-        f[M.EVENTS.name].add_metric([index.get(uuid, ""), uuid, label], n)
+        if every or label == "xid":
+            f.add(M.EVENTS, [index.get(uuid, ""), uuid, label], n)
     for (uuid, label), t in ev.last.items():
-        f[M.EVENT_LAST.name].add_metric([index.get(uuid, ""), uuid, label], t)
+        if every or label == "xid":
+            f.add(M.EVENT_LAST, [index.get(uuid, ""), uuid, label], t)
     seen = set()
     for (uuid, code), n in ev.xids.items():
-        f[M.XID_ERRORS.name].add_metric([index.get(uuid, ""), uuid, str(code)], n)
-        f[M.XID_LAST.name].add_metric([index.get(uuid, ""), uuid, str(code)], ev.xid_last[(uuid, code)])
+        f.add(M.XID_ERRORS, [index.get(uuid, ""), uuid, str(code)], n)
+        f.add(M.XID_LAST, [index.get(uuid, ""), uuid, str(code)], ev.xid_last[(uuid, code)])
         seen.add(code)
     for code in sorted(seen):
         x = xids.lookup(code)
-        f[M.XID_INFO.name].add_metric(
-            [str(code), x.description, x.severity.value, x.cause.value, x.action], 1
-        )
+        f.add(M.XID_INFO, [str(code), x.description, x.severity.value, x.cause.value, x.action], 1)
 
 
-def build_families(snap: Snapshot, *, owner_labels: bool = False, node: str | None = None) -> list[Metric]:
-    f: dict[str, Family] = {m.name: _family(m) for m in M.GPU_FLOW}
-    f[M.BUILD_INFO.name].add_metric([__version__, platform.python_version(), snap.backend], 1)
+def build_families(
+    snap: Snapshot,
+    *,
+    owner_labels: bool = False,
+    node: str | None = None,
+    details: frozenset[str] = frozenset(),
+) -> list[Metric]:
+    f = Families(M.GPU_FLOW, details)
+    f.add(M.BUILD_INFO, [__version__, platform.python_version(), snap.backend], 1)
     if node is not None:
-        f[M.NODE_INFO.name].add_metric([node], 1)
+        f.add(M.NODE_INFO, [node], 1)
     d = snap.driver
     if d.driver_version or d.nvml_version:  # absent while the daemon waits for the driver to load
-        f[M.DRIVER_INFO.name].add_metric([d.driver_version, d.cuda_driver_version, d.nvml_version], 1)
-    f[M.DEVICE_COUNT.name].add_metric([], snap.device_count)
-    f[M.SAMPLE_INTERVAL.name].add_metric([], snap.interval_seconds)
-    f[M.LAST_SAMPLE.name].add_metric([], snap.timestamp)
-    f[M.SAMPLES.name].add_metric([], snap.sweep)
+        f.add(M.DRIVER_INFO, [d.driver_version, d.cuda_driver_version, d.nvml_version], 1)
+    f.add(M.DEVICE_COUNT, [], snap.device_count)
+    f.add(M.SAMPLE_INTERVAL, [], snap.interval_seconds)
+    f.add(M.LAST_SAMPLE, [], snap.timestamp)
+    f.add(M.SAMPLES, [], snap.sweep)
     for c in snap.collectors:
-        f[M.COLLECTOR_SUCCESS.name].add_metric([c.name], 1 if c.success else 0)
-        f[M.COLLECTOR_DURATION.name].add_metric([c.name], c.duration_seconds)
+        f.add(M.COLLECTOR_SUCCESS, [c.name], 1 if c.success else 0)
+        f.add(M.COLLECTOR_DURATION, [c.name], c.duration_seconds)
     for key, count in snap.errors.items():
-        f[M.ERRORS.name].add_metric(list(key), count)
+        f.add(M.ERRORS, list(key), count)
     for st in snap.gpus:
         _add_gpu(f, st)
         _add_processes(f, st, None if snap.owners is None else snap.owners.get(st.info.uuid))
@@ -234,7 +264,7 @@ def build_families(snap: Snapshot, *, owner_labels: bool = False, node: str | No
             (M.HOST_LOAD5, h.load5),
             (M.HOST_LOAD15, h.load15),
         ):
-            f[metric.name].add_metric([], value)
+            f.add(metric, [], value)
     # a family without samples is a quantity nobody here supports: leave it out entirely
     families: list[Metric] = [fam for fam in f.values() if fam.samples]
     if owner_labels:
@@ -270,15 +300,21 @@ class SnapshotCollector(PerSnapshotCollector):
     """gpumon's own series."""
 
     def __init__(
-        self, source: Callable[[], Snapshot | None], *, owner_labels: bool = False, node: str | None = None
+        self,
+        source: Callable[[], Snapshot | None],
+        *,
+        owner_labels: bool = False,
+        node: str | None = None,
+        details: frozenset[str] = frozenset(),
     ) -> None:
         super().__init__(source)
         self.owner_labels = owner_labels
         self.node = node
+        self.details = details
 
     def describe(self) -> list[Metric]:
         """Every family this collector can yield: lets ``name[]`` filtering and duplicate checks work."""
-        return [_family(m) for m in M.GPU_FLOW]
+        return list(Families(M.GPU_FLOW, self.details).values())
 
     def build(self, snap: Snapshot, previous: Snapshot | None) -> list[Metric]:
-        return build_families(snap, owner_labels=self.owner_labels, node=self.node)
+        return build_families(snap, owner_labels=self.owner_labels, node=self.node, details=self.details)

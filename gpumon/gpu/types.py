@@ -128,6 +128,8 @@ class GpuReading:
     duration_seconds: float
     utilization_ratio: float | None = None
     memory_controller_utilization_ratio: float | None = None
+    encoder_utilization_ratio: float | None = None
+    decoder_utilization_ratio: float | None = None
     memory_total_bytes: float | None = None
     memory_used_bytes: float | None = None
     memory_free_bytes: float | None = None

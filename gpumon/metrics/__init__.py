@@ -8,7 +8,15 @@ the import order below is the order of the exposition and of the docs.
 from __future__ import annotations
 
 # isort: off
-from gpumon.metrics.registry import GPU, PROCESS_METRICS, REGISTRY, Metric, render_markdown
+from gpumon.metrics.registry import (
+    ALL_DETAILS,
+    DETAILS,
+    GPU,
+    PROCESS_METRICS,
+    REGISTRY,
+    Metric,
+    render_markdown,
+)
 from gpumon.metrics.exporter import *  # noqa: F403
 from gpumon.metrics.gpu import *  # noqa: F403
 from gpumon.metrics.links import *  # noqa: F403
@@ -31,7 +39,9 @@ GPU_FLOW = tuple(m for m in REGISTRY if m not in TRAINING_FLOW and m not in SERV
 BY_NAME = {m.name: m for m in REGISTRY}
 
 __all__ = [
+    "ALL_DETAILS",
     "BY_NAME",
+    "DETAILS",
     "GPU",
     "GPU_FLOW",
     "GPU_SCALARS",

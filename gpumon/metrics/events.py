@@ -8,15 +8,16 @@ section("Events and XID errors")
 EVENTS = metric(
     "gpumon_gpu_events_total",
     "counter",
-    "NVML events received by type (xid, ecc_single_bit, ecc_double_bit, page_retirement, gpu_unavailable, "
-    "...); 0 from registration on, so the first event is an increase.",
+    "NVML events received by type; 0 from registration on, so the first event is an increase. By default "
+    "only event=xid (every serious event comes with an XID); with --collect event-types every type "
+    "(ecc_single_bit, ecc_double_bit, page_retirement, gpu_unavailable, ...).",
     (*GPU, "event"),
     source="nvmlEventSetWait_v2 (watcher thread)",
 )
 EVENT_LAST = metric(
     "gpumon_gpu_last_event_timestamp_seconds",
     "gauge",
-    "Unix time the latest event of this type arrived.",
+    "Unix time the latest event of this type arrived (by default only event=xid, as above).",
     (*GPU, "event"),
     "seconds",
     source="nvmlEventSetWait_v2",
@@ -50,4 +51,5 @@ EVENTS_REGISTERED = metric(
     "1 for each event type the watcher listens to on this GPU (absent: the GPU does not support events).",
     (*GPU, "event"),
     source="nvmlDeviceGetSupportedEventTypes, nvmlDeviceRegisterEvents",
+    detail="event-types",
 )

@@ -26,6 +26,7 @@ GPU_SAMPLE_DURATION = metric(
     "Time spent reading this GPU in the latest sweep.",
     unit="seconds",
     source="sampler",
+    detail="sampler-timing",
 )
 GPU_LAST_SAMPLE = metric(
     "gpumon_gpu_last_sample_timestamp_seconds",
@@ -33,6 +34,7 @@ GPU_LAST_SAMPLE = metric(
     "Unix time of the last successful read of this GPU.",
     unit="seconds",
     source="sampler",
+    detail="sampler-timing",
 )
 PERSISTENCE = metric(
     "gpumon_gpu_persistence_mode",
@@ -40,6 +42,7 @@ PERSISTENCE = metric(
     "1 if persistence mode is on (without it NVML "
     "initialisation takes seconds and the first sample is late).",
     source="nvmlDeviceGetPersistenceMode",
+    detail="device-state",
 )
 
 section("Utilisation")
@@ -58,6 +61,23 @@ MEM_UTIL = metric(
     unit="ratio",
     source="nvmlDeviceGetUtilizationRates .memory (percent)",
     field="memory_controller_utilization_ratio",
+)
+ENC_UTIL = metric(
+    "gpumon_gpu_encoder_utilization_ratio",
+    "gauge",
+    "Fraction of the driver's sample window in which the video encoders (NVENC) were busy (absent on "
+    "boards without NVENC: A100, H100, H200).",
+    unit="ratio",
+    source="nvmlDeviceGetEncoderUtilization (percent)",
+    field="encoder_utilization_ratio",
+)
+DEC_UTIL = metric(
+    "gpumon_gpu_decoder_utilization_ratio",
+    "gauge",
+    "Fraction of the driver's sample window in which the video decoders (NVDEC) were busy.",
+    unit="ratio",
+    source="nvmlDeviceGetDecoderUtilization (percent)",
+    field="decoder_utilization_ratio",
 )
 
 section("Memory (HBM)")
@@ -84,6 +104,7 @@ MEM_FREE = metric(
     unit="bytes",
     source="nvmlDeviceGetMemoryInfo v2 .free",
     field="memory_free_bytes",
+    detail="device-state",
 )
 MEM_RESERVED = metric(
     "gpumon_gpu_memory_reserved_bytes",
@@ -176,6 +197,7 @@ MEM_CLOCK_MAX = metric(
     "Maximum memory clock.",
     unit="hertz",
     source="nvmlDeviceGetMaxClockInfo(NVML_CLOCK_MEM) (MHz)",
+    detail="device-state",
 )
 PSTATE = metric(
     "gpumon_gpu_performance_state",
@@ -183,6 +205,7 @@ PSTATE = metric(
     "Performance state: 0 (P0, maximum) to 15 (minimum).",
     source="nvmlDeviceGetPerformanceState",
     field="performance_state",
+    detail="device-state",
 )
 THROTTLE_MASK = metric(
     "gpumon_gpu_throttle_reasons",
@@ -190,13 +213,15 @@ THROTTLE_MASK = metric(
     "Raw bitmask of the reasons clocks are held below maximum (NVML clocks event reasons).",
     source="nvmlDeviceGetCurrentClocksEventReasons",
     field="throttle_reasons",
+    detail="throttle-reasons",
 )
 THROTTLE_ACTIVE = metric(
     "gpumon_gpu_throttle_active",
     "gauge",
-    "1 while this reason holds clocks down "
-    "(gpu_idle, applications_clocks, sw_power_cap, hw_slowdown, sync_boost, sw_thermal, "
-    "hw_thermal, hw_power_brake, display_clocks).",
+    "1 while this reason holds clocks down. By default only for reasons that cost throughput and have no "
+    "cumulative time below on this GPU (hw_slowdown; sw_power_cap, sw_thermal, hw_thermal, hw_power_brake "
+    "on drivers without their counters); with --collect throttle-reasons for every reason (also gpu_idle, "
+    "applications_clocks, sync_boost, display_clocks).",
     (*GPU, "reason"),
     source="nvmlDeviceGetCurrentClocksEventReasons",
 )

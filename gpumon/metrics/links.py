@@ -94,12 +94,19 @@ NVL_LINKS = metric(
     "NVLinks the GPU has.",
     source="field NVML_FI_DEV_NVLINK_LINK_COUNT (91)",
 )
+NVL_LINKS_UP = metric(
+    "gpumon_gpu_nvlink_links_up",
+    "gauge",
+    "NVLinks of the GPU that are active; below gpumon_gpu_nvlink_links a link is down and collectives slow.",
+    source="field NVML_FI_DEV_NVLINK_GET_STATE (165) per link, else nvmlDeviceGetNvLinkState",
+)
 NVL_LINK_UP = metric(
     "gpumon_gpu_nvlink_link_up",
     "gauge",
     "1 if the link is active (refreshed every 10 sweeps).",
     (*GPU, "link"),
-    source="nvmlDeviceGetNvLinkState",
+    source="field NVML_FI_DEV_NVLINK_GET_STATE (165), else nvmlDeviceGetNvLinkState",
+    detail="nvlink-links",
 )
 NVL_LINK_TX = metric(
     "gpumon_gpu_nvlink_link_transmit_bytes_total",
@@ -108,6 +115,7 @@ NVL_LINK_TX = metric(
     (*GPU, "link"),
     "bytes",
     "field 138, scopeId = link (KiB)",
+    detail="nvlink-links",
 )
 NVL_LINK_RX = metric(
     "gpumon_gpu_nvlink_link_receive_bytes_total",
@@ -116,4 +124,5 @@ NVL_LINK_RX = metric(
     (*GPU, "link"),
     "bytes",
     "field 139, scopeId = link (KiB)",
+    detail="nvlink-links",
 )

@@ -18,6 +18,7 @@ ECC_LIFETIME = metric(
     "ECC errors over the GPU's lifetime (type=corrected or uncorrected).",
     (*GPU, "type"),
     source="fields NVML_FI_DEV_ECC_{SBE,DBE}_AGG_TOTAL, else nvmlDeviceGetTotalEccErrors(…, AGGREGATE)",
+    detail="ecc-lifetime",
 )
 REMAPPED = metric(
     "gpumon_gpu_remapped_rows_total",

@@ -50,6 +50,7 @@ PROCESS_SM = metric(
     PROC,
     "ratio",
     source="nvmlDeviceGetProcessUtilization .smUtil",
+    detail="process-utilization",
 )
 PROCESS_MEM_UTIL = metric(
     "gpumon_process_memory_utilization_ratio",
@@ -58,6 +59,7 @@ PROCESS_MEM_UTIL = metric(
     PROC,
     "ratio",
     source="nvmlDeviceGetProcessUtilization .memUtil",
+    detail="process-utilization",
 )
 PROCESS_LAST_SEEN = metric(
     "gpumon_process_last_sample_timestamp_seconds",
@@ -66,6 +68,7 @@ PROCESS_LAST_SEEN = metric(
     PROC,
     "seconds",
     source="nvmlDeviceGetProcessUtilization .timeStamp",
+    detail="process-utilization",
 )
 GPU_OWNER = metric(
     "gpumon_gpu_owner_info",

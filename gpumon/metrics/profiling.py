@@ -12,16 +12,18 @@ PROFILING_INFO = metric(
     "Where this GPU's profiling counters come from: gpm (NVML, Hopper+) or dcgm.",
     (*GPU, "source"),
     source="nvmlGpmQueryDeviceSupport / DCGM host engine",
+    detail="profiling-detail",
 )
 
 
-def _ratio(name: str, help_: str, gpm_id: int, dcgm_field: int) -> Metric:
+def _ratio(name: str, help_: str, gpm_id: int, dcgm_field: int, detail: str = "") -> Metric:
     return metric(
         name,
         "gauge",
         f"{help_}, averaged over the last interval (0-1).",
         unit="ratio",
         source=f"GPM metric {gpm_id} or DCGM field {dcgm_field}",
+        detail=detail,
     )
 
 
@@ -29,9 +31,11 @@ def _rate(name: str, what: str, gpm_id: int, dcgm_field: int) -> Metric:
     return metric(
         name,
         "gauge",
-        f"{what}, averaged over the last interval by the profiler.",
+        f"{what}, averaged over the last interval by the profiler (gpumon_gpu_pcie_* and "
+        "gpumon_gpu_nvlink_* byte counters carry the same traffic by default).",
         unit="bytes/s",
         source=f"GPM metric {gpm_id} (MiB/s) or DCGM field {dcgm_field}",
+        detail="profiling-detail",
     )
 
 
@@ -48,9 +52,15 @@ PROF_TENSOR = _ratio(
     "gpumon_gpu_tensor_active_ratio", "Time the tensor pipes were busy (any precision)", 5, 1004
 )
 PROF_DRAM = _ratio("gpumon_gpu_dram_active_ratio", "HBM bandwidth used as a share of peak", 10, 1005)
-PROF_FP64 = _ratio("gpumon_gpu_fp64_active_ratio", "Time the FP64 pipe was busy (non-tensor)", 11, 1006)
-PROF_FP32 = _ratio("gpumon_gpu_fp32_active_ratio", "Time the FP32 pipe was busy (non-tensor)", 12, 1007)
-PROF_FP16 = _ratio("gpumon_gpu_fp16_active_ratio", "Time the FP16 pipe was busy (non-tensor)", 13, 1008)
+PROF_FP64 = _ratio(
+    "gpumon_gpu_fp64_active_ratio", "Time the FP64 pipe was busy (non-tensor)", 11, 1006, "profiling-detail"
+)
+PROF_FP32 = _ratio(
+    "gpumon_gpu_fp32_active_ratio", "Time the FP32 pipe was busy (non-tensor)", 12, 1007, "profiling-detail"
+)
+PROF_FP16 = _ratio(
+    "gpumon_gpu_fp16_active_ratio", "Time the FP16 pipe was busy (non-tensor)", 13, 1008, "profiling-detail"
+)
 PROF_PCIE_TX = _rate("gpumon_gpu_profiling_pcie_transmit_bytes_per_second", "PCIe bytes sent", 20, 1009)
 PROF_PCIE_RX = _rate("gpumon_gpu_profiling_pcie_receive_bytes_per_second", "PCIe bytes received", 21, 1010)
 PROF_NVL_TX = _rate("gpumon_gpu_profiling_nvlink_transmit_bytes_per_second", "NVLink bytes sent", 61, 1011)

@@ -13,6 +13,30 @@ from dataclasses import dataclass
 
 GPU = ("gpu", "uuid")
 
+# Opt-in detail, switched on by name like node_exporter's collectors (``--collect NAME``, ``all`` for every
+# one). The default keeps what an operator alerts on and a dashboard shows, within 50 series per GPU and 60
+# per node; each entry says what it adds. Metrics tagged with a name here are absent unless it is on.
+DETAILS: dict[str, str] = {
+    "nvlink-links": "state and traffic of each NVLink (3 series per link: 54 per H100 or H200); the "
+    "default keeps the GPU's totals and how many of its links are up",
+    "throttle-reasons": "a 0/1 series for every clock event reason and the raw bitmask (9 more per GPU); the "
+    "default keeps the cumulative throttle time per reason and a 0/1 series only for the "
+    "throughput-costing reasons without one (hw_slowdown)",
+    "process-utilization": "SM and memory utilisation of each process and the time of its newest sample "
+    "(3 per process; one more NVML call per GPU with processes)",
+    "profiling-detail": "the FP64, FP32 and FP16 pipes, the profiler's own PCIe and NVLink rates and where "
+    "the counters come from (8 per GPU); PCIe and NVLink traffic stay as byte counters",
+    "event-types": "every NVML event type counted from 0 and the types registered (19 more per H100); the "
+    "default counts XIDs from 0, which every serious event type comes with",
+    "ecc-lifetime": "ECC error totals over the GPU's lifetime (2 per GPU); the default counts since the "
+    "driver loaded, and keeps remapped rows",
+    "device-state": "performance state, persistence mode, maximum memory clock and free memory (4 per GPU; "
+    "the performance state costs one NVML call per GPU)",
+    "sampler-timing": "per GPU, the time its last read took and when it last succeeded (2 per GPU); the "
+    "node's sweep time and gpumon_gpu_up stay",
+}
+ALL_DETAILS = "all"
+
 
 @dataclass(frozen=True)
 class Metric:
@@ -24,6 +48,7 @@ class Metric:
     section: str
     source: str = ""
     field: str | None = None  # the GpuReading attribute, for plain per-GPU scalars
+    detail: str = ""  # the opt-in detail (DETAILS) that adds it; "" = exposed by default
 
 
 REGISTRY: list[Metric] = []
@@ -43,8 +68,10 @@ def metric(
     unit: str = "",
     source: str = "",
     field: str | None = None,
+    detail: str = "",
 ) -> Metric:
-    m = Metric(name, type_, help_, labels, unit, _current[0], source, field)
+    assert not detail or detail in DETAILS, detail
+    m = Metric(name, type_, help_, labels, unit, _current[0], source, field, detail)
     REGISTRY.append(m)
     return m
 
@@ -72,6 +99,18 @@ def render_markdown() -> str:
         "`... * on(uuid) group_left(name) gpumon_gpu_info`. A quantity a GPU does not support has no series",
         "(see the GPU's `capabilities` in `/v1/gpus` or `gpumon doctor`), never a zero.",
         "",
+        "## What is exposed by default, and what is opt-in",
+        "",
+        "By default an 8 x H100 SXM node exposes at most 50 series per GPU plus 60 for the node (a test",
+        "holds the default exposition to that budget): what an operator alerts on and what the dashboards",
+        "show. Debug detail is opt-in by name, like node_exporter's collectors: `--collect NAME` (repeatable",
+        "or comma-separated; `GPUMON_COLLECT`, `collect = [...]` in the config file; `all` for everything).",
+        "The metrics below carry the name in the *opt-in* column.",
+        "",
+        "| `--collect` | adds |",
+        "|---|---|",
+        *[f"| `{name}` | {what} |" for name, what in DETAILS.items()],
+        "",
     ]
     section = None
     for m in REGISTRY:
@@ -81,11 +120,13 @@ def render_markdown() -> str:
                 "",
                 f"## {section}",
                 "",
-                "| metric | type | labels | unit | meaning | source |",
-                "|---|---|---|---|---|---|",
+                "| metric | type | labels | unit | meaning | source | opt-in |",
+                "|---|---|---|---|---|---|---|",
             ]
         labels = ", ".join(f"`{label}`" for label in m.labels) or "-"
-        lines.append(f"| `{m.name}` | {m.type} | {labels} | {m.unit or '-'} | {m.help} | {m.source or '-'} |")
+        detail = f"`{m.detail}`" if m.detail else "-"
+        unit, source = m.unit or "-", m.source or "-"
+        lines.append(f"| `{m.name}` | {m.type} | {labels} | {unit} | {m.help} | {source} | {detail} |")
     lines += [
         "",
         "## The daemon process",

@@ -35,9 +35,10 @@ def build_registry(
     training: Training | None = None,
     node: str | None = None,
     connections: Gate | None = None,
+    details: frozenset[str] = frozenset(),
 ) -> CollectorRegistry:
     registry = CollectorRegistry()
-    registry.register(SnapshotCollector(source, owner_labels=owner_labels, node=node))
+    registry.register(SnapshotCollector(source, owner_labels=owner_labels, node=node, details=details))
     if connections is not None:
         registry.register(connections)
     if training is not None:
@@ -100,6 +101,7 @@ def create_app(
     max_age: float = 1.0,
     connections: Gate | None = None,
     fresh: Callable[[], bool] = lambda: True,
+    details: frozenset[str] = frozenset(),
 ) -> FastAPI:
     """``max_age``: how long a render may be reused while nothing it reads has changed (the sample
     interval: what changes with time alone is then as fresh as the GPU series). ``fresh``: whether the
@@ -111,6 +113,7 @@ def create_app(
         training=training,
         node=node,
         connections=connections,
+        details=details,
     )
     app = FastAPI(title="gpumon", version=__version__, docs_url=None, redoc_url=None)
     if training is not None:

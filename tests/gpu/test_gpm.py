@@ -129,10 +129,13 @@ def test_exposition_carries_profiling_series_and_their_source(node, clock) -> No
     sampler.sweep()
     busy(sim, 0, 1.0, tensor=0.25)
     clock.advance(1.0)
-    fams = {f.name: f for f in build_families(sampler.sweep())}
+    snap = sampler.sweep()
+    fams = {f.name: f for f in build_families(snap)}
     uuid = sim.gpus[0].uuid
     (tensor,) = fams["gpumon_gpu_tensor_active_ratio"].samples
     assert tensor.labels == {"gpu": "0", "uuid": uuid} and tensor.value == pytest.approx(0.25)
+    assert "gpumon_gpu_profiling_info" not in fams  # where they come from: --collect profiling-detail
+    fams = {f.name: f for f in build_families(snap, details=frozenset({"profiling-detail"}))}
     (info,) = fams["gpumon_gpu_profiling_info"].samples
     assert info.labels["source"] == "gpm"
 
@@ -177,7 +180,7 @@ def test_dcgm_supplies_the_same_metric_names_when_available(node, clock, monkeyp
         snap = sampler.sweep()
         p = snap.gpus[0].reading.profiling
         assert p.source == "dcgm" and p.tensor_active_ratio == pytest.approx(0.37)
-        fams = {f.name: f for f in build_families(snap)}
+        fams = {f.name: f for f in build_families(snap, details=frozenset({"profiling-detail"}))}
         assert fams["gpumon_gpu_profiling_info"].samples[0].labels["source"] == "dcgm"
     finally:
         sampler.backend.profiler = None

@@ -17,12 +17,13 @@ from gpumon.gpu.nvml import NvmlBackend
 from gpumon.gpu.sim import SimNvml
 from gpumon.gpu.sim.catalog import MiB
 from gpumon.gpu.types import BackendUnavailable, DeviceDown
+from gpumon.metrics.registry import DETAILS
 
 FAR = 1e12  # a deadline that never passes
 
 
-def opened(sim: SimNvml) -> tuple[NvmlBackend, list]:
-    backend = NvmlBackend(sim)
+def opened(sim: SimNvml, details: frozenset[str] = frozenset(DETAILS)) -> tuple[NvmlBackend, list]:
+    backend = NvmlBackend(sim, details=details)
     return backend, backend.open()
 
 
@@ -117,16 +118,16 @@ def test_no_permission_is_absent_and_marked(sims) -> None:
 
 def test_transient_errors_are_counted_and_the_next_read_recovers(sims) -> None:
     sim = sims("1xH100-SXM", static=True)
-    fault = sim.faults.add("error:0:nvmlDeviceGetPowerUsage=Unknown")
+    fault = sim.faults.add("error:0:nvmlDeviceGetTemperature=Unknown")
     backend, (dev,) = opened(sim)
     result = backend.read(dev, FAR)
-    assert result.reading.power_watts is None
-    assert [(e.op, e.kind) for e in result.errors] == [("nvmlDeviceGetPowerUsage", "Unknown")]
-    assert dev.capabilities()["power"] == "error"
+    assert result.reading.temperature_celsius is None
+    assert [(e.op, e.kind) for e in result.errors] == [("nvmlDeviceGetTemperature", "Unknown")]
+    assert dev.capabilities()["temperature"] == "error"
     sim.faults.remove(fault)
     result = backend.read(dev, FAR)
-    assert result.reading.power_watts is not None and result.errors == ()
-    assert dev.capabilities()["power"] == "supported"
+    assert result.reading.temperature_celsius is not None and result.errors == ()
+    assert dev.capabilities()["temperature"] == "supported"
 
 
 def test_a_field_that_fails_is_counted_without_losing_the_others(sims) -> None:
@@ -241,8 +242,22 @@ def test_nvlink_total_is_summed_from_links_when_the_all_links_scope_is_missing(s
     assert dev.capabilities()["nvlink"] == "not_supported"
 
 
-def test_nvlink_link_state_is_refreshed_every_n_reads(sims) -> None:
+def test_nvlink_link_state_comes_with_the_batch_every_read(sims) -> None:
+    """Field 165 per link carries each link's state in the one batched call: fresh every sweep, no call of
+    its own."""
     sim = sims("1xH100-SXM", static=True)
+    backend = NvmlBackend(sim, nvlink_state_every=3)
+    (dev,) = backend.open()
+    assert backend.read(dev, FAR).reading.nvlinks[5].up is True
+    sim.gpus[0].state.link_up[5] = False
+    sim.gpus[0].unsupported.add("nvmlDeviceGetNvLinkState")  # would make the call fail, were it made
+    assert backend.read(dev, FAR).reading.nvlinks[5].up is False
+    assert dev.capabilities()["nvlink_state"] == "supported"
+
+
+def test_without_the_state_field_link_state_is_called_for_every_n_reads(sims) -> None:
+    sim = sims("1xH100-SXM", static=True)
+    sim.gpus[0].unsupported.add(pynvml.NVML_FI_DEV_NVLINK_GET_STATE)  # an older driver
     backend = NvmlBackend(sim, nvlink_state_every=3)
     (dev,) = backend.open()
     assert backend.read(dev, FAR).reading.nvlinks[5].up is True
@@ -359,6 +374,7 @@ def test_one_inactive_link_without_state_leaves_the_other_links_reported(sims) -
         return original(device, link)
 
     sim.nvmlDeviceGetNvLinkState = partial  # type: ignore[method-assign]
+    sim.gpus[0].unsupported.add(pynvml.NVML_FI_DEV_NVLINK_GET_STATE)  # the call path, not the batch
     backend, (dev,) = opened(sim)
     links = backend.read(dev, FAR).reading.nvlinks
     assert links[7].up is None and links[6].up is True and links[8].up is True
@@ -368,6 +384,9 @@ def test_one_inactive_link_without_state_leaves_the_other_links_reported(sims) -
 # -- quantities folded into the one field-value batch (issue 18) -----------------------------------------
 
 FOLDED_OPS = {
+    "nvmlDeviceGetPowerUsage",
+    "nvmlDeviceGetEnforcedPowerLimit",
+    "nvmlDeviceGetNvLinkState",
     "nvmlDeviceGetTotalEnergyConsumption",
     "nvmlDeviceGetTotalEccErrors",
     "nvmlDeviceGetPcieReplayCounter",
@@ -387,7 +406,7 @@ def _ops_of_a_read(sim: SimNvml) -> tuple[list[str], object]:
 
 
 def test_energy_ecc_replays_and_remapped_rows_come_from_the_batch(sims) -> None:
-    """Seven calls of a sweep fold into nvmlDeviceGetFieldValues, which a real H200 answers with the same
+    """Ten calls of a sweep fold into nvmlDeviceGetFieldValues, which a real H200 answers with the same
     values (tests/gpu/capture/test_field_probe.py): the read makes none of them and its values are theirs."""
     sim = sims("1xH100-SXM", static=True)
     set_state(sim)
@@ -402,15 +421,20 @@ def test_energy_ecc_replays_and_remapped_rows_come_from_the_batch(sims) -> None:
     assert r.pcie_replays == 5
     assert (r.remapped_rows_correctable, r.remapped_rows_uncorrectable) == (4, 1)
     assert (r.row_remap_pending, r.row_remap_failure) == (True, False)
+    assert (r.power_watts, r.power_limit_watts) == (650.5, 700.0)
+    assert [link.up for link in r.nvlinks] == [True] * 17 + [False]
 
 
 def test_a_driver_without_those_fields_is_read_with_their_own_calls(sims) -> None:
     sim = sims("1xH100-SXM", static=True)
     set_state(sim)
-    sim._folded_field = lambda gpu, fid: (pynvml.NVML_ERROR_NOT_SUPPORTED, 0, 0)  # type: ignore[method-assign]
+    sim._folded_field = lambda *_: (pynvml.NVML_ERROR_NOT_SUPPORTED, 0, 0)  # type: ignore[method-assign]
     ops, r = _ops_of_a_read(sim)
-    assert set(ops) >= FOLDED_OPS
+    # link state by its own call costs one call per link, so it is asked every 10th read (here the first)
+    assert set(ops) >= FOLDED_OPS - {"nvmlDeviceGetNvLinkState"}
     assert r.energy_joules == pytest.approx(123_456.789) and r.pcie_replays is not None
+    assert (r.power_watts, r.power_limit_watts) == (650.5, 700.0)
+    assert [link.up for link in r.nvlinks] == [True] * 17 + [False]
     assert r.ecc_corrected_errors is not None and r.remapped_rows_correctable is not None
 
 

@@ -82,12 +82,14 @@ def test_a_hung_call_misses_the_deadline_without_stalling_the_others(sims, sampl
     sampler = samplers(sim, timeout=0.2)
     sampler.sweep()
     threads_before = threading.active_count()
-    hang = sim.faults.add("hang:2:nvmlDeviceGetPowerUsage")
+    hang = sim.faults.add("hang:2:nvmlDeviceGetUtilizationRates")
     snaps = [sampler.sweep() for _ in range(5)]
     assert all(up(s) == [True, True, False, True] for s in snaps)
-    assert snaps[0].gpus[2].down_reason == "nvmlDeviceGetPowerUsage exceeded its deadline"
+    assert snaps[0].gpus[2].down_reason == "nvmlDeviceGetUtilizationRates exceeded its deadline"
     uuid = snaps[0].gpus[2].info.uuid
-    assert snaps[-1].errors[("2", uuid, "nvmlDeviceGetPowerUsage", "deadline_exceeded")] == 1  # once per hang
+    assert (
+        snaps[-1].errors[("2", uuid, "nvmlDeviceGetUtilizationRates", "deadline_exceeded")] == 1
+    )  # once per hang
     assert threading.active_count() == threads_before, "threads piled up behind the hung call"
     assert all(g.reading.timestamp > snaps[0].timestamp - 5 for g in snaps[-1].gpus if g.up)
 

@@ -30,9 +30,15 @@ from gpumon.web.connections import Gate, Limits
 GOLDEN = Path(__file__).parent / "golden" / "metrics.prom"
 
 
-def exposition(snap, training: TrainingCollector | None = None, *, serving: Gate | None = None) -> str:
+def exposition(
+    snap,
+    training: TrainingCollector | None = None,
+    *,
+    serving: Gate | None = None,
+    details: frozenset[str] = frozenset(),
+) -> str:
     registry = CollectorRegistry()
-    registry.register(SnapshotCollector(lambda: snap, node="node-1"))
+    registry.register(SnapshotCollector(lambda: snap, node="node-1", details=details))
     if training is not None:
         registry.register(training)
     if serving is not None:
@@ -120,7 +126,7 @@ def test_golden_exposition(mixed_node, monkeypatch) -> None:
 
 def test_every_registered_metric_is_served_and_nothing_else(mixed_node) -> None:
     snap = pinned(mixed_node)
-    text = exposition(snap, jobs(snap), serving=Gate(Limits()))
+    text = exposition(snap, jobs(snap), serving=Gate(Limits()), details=frozenset(M.DETAILS))
     served = {f.name for f in text_string_to_metric_families(text)}
     registered = {m.name.removesuffix("_total") if m.type == "counter" else m.name for m in M.REGISTRY}
     assert registered - served == set(), "registered but never served"
@@ -134,7 +140,9 @@ def test_a_down_gpu_keeps_its_health_series_and_loses_its_values(mixed_node) -> 
     names = {ln.split("{")[0] for ln in lines}
     assert f'gpumon_gpu_up{{gpu="3",uuid="{uuid}"}} 0.0' in lines
     assert "gpumon_gpu_power_watts" not in names and "gpumon_gpu_energy_joules_total" not in names
-    assert {"gpumon_gpu_info", "gpumon_gpu_up", "gpumon_gpu_last_sample_timestamp_seconds"} <= names
+    assert {"gpumon_gpu_info", "gpumon_gpu_up"} <= names
+    timing = exposition(mixed_node, details=frozenset({"sampler-timing"}))
+    assert f'gpumon_gpu_last_sample_timestamp_seconds{{gpu="3",uuid="{uuid}"}}' in timing  # since when
 
 
 def test_unsupported_quantities_are_absent_not_zero(mixed_node) -> None:

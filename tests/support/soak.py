@@ -70,7 +70,7 @@ class PlannedFault:
 _FAULTS: tuple[tuple[str, int, str, float, float], ...] = (
     ("lost", 3, "", 0.05, 0.08),
     ("xid", 1, "79", 0.10, 0.0),
-    ("hang", 2, "nvmlDeviceGetPowerUsage", 0.15, 0.08),
+    ("hang", 2, "nvmlDeviceGetUtilizationRates", 0.15, 0.08),
     ("lost", 5, "", 0.25, 0.10),
     ("error", 0, "nvmlDeviceGetTemperature=Unknown", 0.30, 0.06),
     ("xid", 2, "48", 0.35, 0.0),

@@ -137,14 +137,19 @@ def test_a_lost_gpu_is_reported_while_the_daemon_keeps_serving(daemon) -> None:
 @pytest.mark.slow
 def test_a_hung_gpu_does_not_stall_scrapes(daemon) -> None:
     d = daemon(
-        "--simulate", "2xH100-SXM", "--interval", "200ms", "--sim-fault", "hang:1:nvmlDeviceGetPowerUsage@0.3"
+        "--simulate",
+        "2xH100-SXM",
+        "--interval",
+        "200ms",
+        "--sim-fault",
+        "hang:1:nvmlDeviceGetUtilizationRates@0.3",
     )
     time.sleep(1.0)
     r = d.get("/metrics", timeout=2.0)
     assert 'gpumon_gpu_up{gpu="1"' in r.text and 'gpumon_gpu_up{gpu="0"' in r.text
     gpus = d.get("/v1/gpus").json()["gpus"]
     assert gpus[0]["up"] and not gpus[1]["up"]
-    assert "nvmlDeviceGetPowerUsage" in gpus[1]["down_reason"]
+    assert "nvmlDeviceGetUtilizationRates" in gpus[1]["down_reason"]
     assert d.get("/healthz").status_code == 200
 
 

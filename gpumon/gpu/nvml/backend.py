@@ -49,6 +49,8 @@ class NvmlBackend:
         nvml: ModuleType | Any | None = None,
         *,
         nvlink_state_every: int = 10,
+        pcie_link_every: int = 10,
+        details: frozenset[str] = frozenset(),
         gpm: bool = True,
         processes: bool = True,
         clock: Callable[[], float] = time.monotonic,
@@ -67,6 +69,9 @@ class NvmlBackend:
         else:
             self.name = "nvml"
         self.nvlink_state_every = max(1, nvlink_state_every)
+        self.pcie_link_every = max(1, pcie_link_every)
+        # opt-in detail (--collect) that costs NVML work: per-link traffic, process utilisation, P-state
+        self.details = details
         self._lock = threading.Lock()
         self._initialized = False
         self.device_count = 0
@@ -226,6 +231,8 @@ class NvmlBackend:
         device.link_states = [None] * info.nvlink_count
         device.fields_version = -1
         device.mig_devices = None  # a reset may come with a new MIG layout
+        device.mig_enabled = None
+        device.pcie_link = None
         for stream in device.gpm.values():  # a reset GPU restarts its counters: no difference across it
             stream.previous_at = None
 
@@ -239,27 +246,32 @@ class NvmlBackend:
         pcie_rates = pcie.start(c) if pcie.needed(dev) else None
 
         # first: the batch carries quantities that would otherwise need calls of their own
-        fields = fieldvalues.read(c)
+        fields = fieldvalues.read(c, per_link="nvlink-links" in self.details)
         util = c.call("utilization", "nvmlDeviceGetUtilizationRates", h)
+        encoder = c.call("encoder_utilization", "nvmlDeviceGetEncoderUtilization", h)
+        decoder = c.call("decoder_utilization", "nvmlDeviceGetDecoderUtilization", h)
         mem = self._memory(c)
-        power = c.call("power", "nvmlDeviceGetPowerUsage", h)
-        power_limit = c.call("power_limit", "nvmlDeviceGetEnforcedPowerLimit", h)
+        power = self._folded(c, fields, "power", "nvmlDeviceGetPowerUsage")
+        power_limit = self._folded(c, fields, "power_limit", "nvmlDeviceGetEnforcedPowerLimit")
         energy = self._folded(c, fields, "energy", "nvmlDeviceGetTotalEnergyConsumption")
         temp = c.call("temperature", "nvmlDeviceGetTemperature", h, pynvml.NVML_TEMPERATURE_GPU)
         sm_clock = c.call("sm_clock", "nvmlDeviceGetClockInfo", h, pynvml.NVML_CLOCK_SM)
         mem_clock = c.call("memory_clock", "nvmlDeviceGetClockInfo", h, pynvml.NVML_CLOCK_MEM)
         reasons = self._throttle_reasons(c)
-        pstate = c.call("performance_state", "nvmlDeviceGetPerformanceState", h)
+        pstate = (
+            c.call("performance_state", "nvmlDeviceGetPerformanceState", h)
+            if "device-state" in self.details
+            else None
+        )
         fan = c.call("fan", "nvmlDeviceGetFanSpeed", h)
-        link_gen = c.call("pcie_link", "nvmlDeviceGetCurrPcieLinkGeneration", h)
-        link_width = c.call("pcie_link", "nvmlDeviceGetCurrPcieLinkWidth", h)
+        link_gen, link_width = self._pcie_link(c)
         replays = self._folded(c, fields, "pcie_replays", "nvmlDeviceGetPcieReplayCounter")
         ecc = [*self._ecc(c, fields, "ecc"), *self._ecc(c, fields, "ecc_lifetime")]
         remap = self._folded(c, fields, "remapped_rows", "nvmlDeviceGetRemappedRows")
-        if dev.info.nvlink_count and dev.reads % self.nvlink_state_every == 0:
-            fieldvalues.read_link_states(c)
+        if dev.info.nvlink_count:
+            fieldvalues.link_states(c, fields, self.nvlink_state_every)
         profiling = self._profiling(c)
-        procs = processes.read(c) if self.processes else None
+        procs = processes.read(c, "process-utilization" in self.details) if self.processes else None
         migs = mig.read(c, self.clock(), profiling=self.gpm and self.profiler is None)
         pcie_tx_rate, pcie_rx_rate = pcie.finish(c, pcie_rates, deadline)
         dev.reads += 1
@@ -275,6 +287,8 @@ class NvmlBackend:
             duration_seconds=time.perf_counter() - started,
             utilization_ratio=None if util is None else util.gpu / 100.0,
             memory_controller_utilization_ratio=None if util is None else util.memory / 100.0,
+            encoder_utilization_ratio=None if encoder is None else encoder[0] / 100.0,
+            decoder_utilization_ratio=None if decoder is None else decoder[0] / 100.0,
             memory_total_bytes=None if mem is None else float(mem.total),
             memory_used_bytes=None if mem is None else float(mem.used),
             memory_free_bytes=None if mem is None else float(mem.free),
@@ -315,6 +329,17 @@ class NvmlBackend:
             mig=migs,
         )
         return ReadResult(reading, tuple(c.errors))
+
+    def _pcie_link(self, c: Calls) -> tuple[Any, Any]:
+        """Current PCIe generation and width: a link retrains rarely (some boards at idle), so the two calls
+        run on every ``pcie_link_every``-th read and the reads between repeat the last answer."""
+        dev = c.dev
+        if dev.pcie_link is None or None in dev.pcie_link or dev.reads % self.pcie_link_every == 0:
+            dev.pcie_link = (
+                c.call("pcie_link", "nvmlDeviceGetCurrPcieLinkGeneration", dev.handle),
+                c.call("pcie_link", "nvmlDeviceGetCurrPcieLinkWidth", dev.handle),
+            )
+        return dev.pcie_link
 
     @staticmethod
     def _folded(c: Calls, fields: fieldvalues.Fields, quantity: str, op: str) -> Any:

@@ -49,3 +49,7 @@ class NvmlDevice(Device):
         self.process_samples_seen = 0  # newest per-process utilization sample read so far (µs)
         self.gpm: dict[int | None, Stream] = {}  # GPM sample pairs: whole GPU (None) or MIG GPU instance
         self.mig_devices: list[MigDevice] | None = None  # the MIG layout, re-enumerated now and then
+        self.mig_enabled: bool | None = None  # the MIG mode, re-read now and then; None: not known yet
+        self.pcie_link: tuple[int | None, int | None] | None = (
+            None  # (generation, width), re-read now and then
+        )

@@ -1,6 +1,7 @@
 """The one batched ``nvmlDeviceGetFieldValues`` call per GPU: HBM temperature, throttle time, PCIe byte
-counters and NVLink throughput (all links and each link), and the quantities folded into it from calls of
-their own (energy, ECC totals, PCIe replays, remapped rows); and NVLink state, read per link.
+counters and NVLink throughput (all links; each link only when asked for), and the quantities folded into it
+from calls of their own (power, power limit, energy, ECC totals, PCIe replays, remapped rows, the state of
+each NVLink).
 
 A folded quantity is read from the batch where the GPU answers its fields; where it does not (an older
 driver), its own call reads it, as before. tests/gpu/capture/test_field_probe.py holds each field to its
@@ -18,6 +19,9 @@ from gpumon.gpu.nvml.device import NvmlDevice
 from gpumon.gpu.types import THROTTLE_REASONS, NvlinkReading, ReadError, Support
 
 UINT_MAX = 0xFFFFFFFF  # scopeId for "all links"
+FI_NVLINK_STATE = pynvml.NVML_FI_DEV_NVLINK_GET_STATE  # per link; its own call: nvmlDeviceGetNvLinkState
+# a link in low-power sleep carries traffic again on demand; one with traffic disabled does not
+LINK_UP_STATES = (pynvml.NVML_NVLINK_STATE_ACTIVE, pynvml.NVML_NVLINK_STATE_SLEEP)
 KIB = 1024
 
 FI_MEMORY_TEMP = 82
@@ -32,6 +36,9 @@ FOLDED: dict[str, tuple[int, ...]] = {
     "ecc": (pynvml.NVML_FI_DEV_ECC_SBE_VOL_TOTAL, pynvml.NVML_FI_DEV_ECC_DBE_VOL_TOTAL),
     "ecc_lifetime": (pynvml.NVML_FI_DEV_ECC_SBE_AGG_TOTAL, pynvml.NVML_FI_DEV_ECC_DBE_AGG_TOTAL),
     "pcie_replays": (pynvml.NVML_FI_DEV_PCIE_REPLAY_COUNTER,),
+    # mW, as nvmlDeviceGetPowerUsage (the 1 s average on Hopper) and nvmlDeviceGetEnforcedPowerLimit
+    "power": (pynvml.NVML_FI_DEV_POWER_AVERAGE,),
+    "power_limit": (pynvml.NVML_FI_DEV_POWER_CURRENT_LIMIT,),
     "remapped_rows": (
         pynvml.NVML_FI_DEV_REMAPPED_COR,
         pynvml.NVML_FI_DEV_REMAPPED_UNC,
@@ -45,9 +52,10 @@ UNFOLDED = object()  # folded() says: the batch does not carry it here; ask its 
 Fields = dict[tuple[int, int], float]
 
 
-def plan(dev: NvmlDevice) -> list[tuple[str, int, int]]:
+def plan(dev: NvmlDevice, per_link: bool = False) -> list[tuple[str, int, int]]:
     """(quantity, field id, scope id) to request: everything not known to be absent. Rebuilt only when the
-    GPU's capabilities change."""
+    GPU's capabilities change. Each link's traffic is read when ``per_link`` asks for it, or where the GPU
+    lacks the all-links field and the total is their sum."""
     if dev.fields_version == dev.support_version:
         return dev.fields
     wanted = [("memory_temperature", FI_MEMORY_TEMP, 0)]
@@ -57,17 +65,21 @@ def plan(dev: NvmlDevice) -> list[tuple[str, int, int]]:
     for quantity, fids in FOLDED.items():
         if dev.support.get(quantity) not in SKIP:
             wanted += [(FOLD + quantity, fid, 0) for fid in fids]
-    for link in range(dev.info.nvlink_count):
-        wanted += [("nvlink_links", FI_NVLINK_TX, link), ("nvlink_links", FI_NVLINK_RX, link)]
+    links = range(dev.info.nvlink_count)
+    if dev.support.get("nvlink_state") not in SKIP:
+        wanted += [(FOLD + "nvlink_state", FI_NVLINK_STATE, link) for link in links]
+    if per_link or dev.support.get("nvlink") in SKIP:
+        for link in links:
+            wanted += [("nvlink_links", FI_NVLINK_TX, link), ("nvlink_links", FI_NVLINK_RX, link)]
     dev.fields = [p for p in wanted if dev.support.get(p[0]) not in SKIP]
     dev.fields_version = dev.support_version
     return dev.fields
 
 
-def read(c: Calls) -> Fields:
+def read(c: Calls, per_link: bool = False) -> Fields:
     """Values by (field id, scope id), in NVML's units. Each entry's own return code is classified."""
     dev = c.dev
-    wanted = plan(dev)
+    wanted = plan(dev, per_link)
     if not wanted:
         return {}
     raw = c.call("field_values", "nvmlDeviceGetFieldValues", dev.handle, [(fid, s) for _, fid, s in wanted])
@@ -144,11 +156,26 @@ def nvlink_totals(
     return total([ln.transmit_bytes for ln in links]), total([ln.receive_bytes for ln in links])
 
 
-def read_link_states(c: Calls) -> None:
-    """Link state is read per link: NOT_SUPPORTED on one (an inactive link) leaves the others reported."""
+def link_states(c: Calls, fields: Fields, every: int) -> None:
+    """Each link's state: from the batch where it carries field 165; else from nvmlDeviceGetNvLinkState per
+    link on every ``every``-th read (a call per link, so not every sweep)."""
     dev = c.dev
     if dev.support.get("nvlink_state") in SKIP:
         return
+    if dev.support.get(FOLD + "nvlink_state") not in SKIP:
+        states = [fields.get((FI_NVLINK_STATE, link)) for link in range(dev.info.nvlink_count)]
+        dev.link_states = [None if s is None else int(s) in LINK_UP_STATES for s in states]
+        if any(s is not None for s in states) and dev.support.get("nvlink_state") is not Support.SUPPORTED:
+            dev.set_support("nvlink_state", Support.SUPPORTED)
+        return
+    # at once when the batch has just turned out not to carry the states, then now and then
+    if dev.reads % every == 0 or all(s is None for s in dev.link_states):
+        read_link_states(c)
+
+
+def read_link_states(c: Calls) -> None:
+    """Link state is read per link: NOT_SUPPORTED on one (an inactive link) leaves the others reported."""
+    dev = c.dev
     absent = 0
     for link in range(dev.info.nvlink_count):
         dev.begin("nvmlDeviceGetNvLinkState")

@@ -1,7 +1,8 @@
 """MIG: the MIG devices of a GPU in MIG mode, their memory and, with GPM, their profiling counters.
 
 The layout (which GPU and compute instances exist) changes only when an operator reconfigures the GPU, so it
-is enumerated on the first read and every ``every`` reads after; memory is read each time. Whole-GPU
+and the MIG mode are read on the first read and every ``every`` reads after; memory is read each
+time. Whole-GPU
 utilisation is NOT_SUPPORTED under MIG: the per-instance GPM activity is what shows how busy each slice is.
 """
 
@@ -19,8 +20,11 @@ def read(c: Calls, now: float, *, profiling: bool, every: int = 10) -> tuple[Mig
     dev = c.dev
     if dev.support.get("mig") in SKIP:
         return None
-    mode = c.call("mig", "nvmlDeviceGetMigMode", dev.handle)
-    if mode is None or mode[0] != pynvml.NVML_DEVICE_MIG_ENABLE:
+    # the mode changes only with a GPU reset (which reopen() notices), so it is asked now and then too
+    if dev.mig_enabled is None or dev.reads % every == 0:
+        mode = c.call("mig", "nvmlDeviceGetMigMode", dev.handle)
+        dev.mig_enabled = None if mode is None else mode[0] == pynvml.NVML_DEVICE_MIG_ENABLE
+    if not dev.mig_enabled:
         dev.mig_devices = None
         return None
     if dev.mig_devices is None or dev.reads % every == 0:

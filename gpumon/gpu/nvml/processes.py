@@ -19,12 +19,13 @@ NO_INSTANCE = 0xFFFFFFFF
 PID_MAX = 4194304  # the kernel's ceiling (pid_max on 64-bit): anything above is a garbled struct
 
 
-def read(c: Calls) -> tuple[ProcessReading, ...] | None:
+def read(c: Calls, utilization: bool = True) -> tuple[ProcessReading, ...] | None:
+    """The GPU's compute processes; with ``utilization`` also each one's SM and memory use (one more call)."""
     dev = c.dev
     procs = c.call("processes", "nvmlDeviceGetComputeRunningProcesses", dev.handle)
     if procs is None:
         return None
-    util = _utilization(c) if procs else {}
+    util = _utilization(c) if procs and utilization else {}
     out: dict[int, ProcessReading] = {}
     for p in procs:
         pid = int(p.pid)

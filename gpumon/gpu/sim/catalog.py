@@ -51,6 +51,14 @@ class SimModel:
     pci_device_id: int = 0  # nvmlPciInfo_t.pciDeviceId, device id << 16 | 0x10DE
 
     @property
+    def nvenc(self) -> bool:
+        """Video encoders: the graphics-derived boards have them; the compute parts (A100, Hopper, Blackwell
+        datacenter) carry decoders only."""
+        return not self.nvml_name.startswith(
+            ("NVIDIA H", "NVIDIA A100", "NVIDIA B", "NVIDIA GH", "NVIDIA GB")
+        )
+
+    @property
     def gpm(self) -> bool:
         """GPU performance monitoring (nvmlGpm*) exists from Hopper on."""
         return self.nvml_name.startswith(("NVIDIA H1", "NVIDIA H2", "NVIDIA B"))

@@ -2,7 +2,7 @@
 
 A fault applies to one GPU (or all), one NVML function (or any), during a window of simulated time. The
 textual form used by ``--sim-fault`` is ``KIND[:GPU[:OP[=ARG]]][@START[+DURATION]]``, for example
-``lost:3@10+30`` (GPU 3 lost from t=10 s for 30 s), ``hang:2:nvmlDeviceGetPowerUsage@5`` (that call hangs
+``lost:3@10+30`` (GPU 3 lost from t=10 s for 30 s), ``hang:2:nvmlDeviceGetTemperature@5`` (that call hangs
 on GPU 2 from t=5 s on), ``error:1:nvmlDeviceGetTemperature=Unknown`` or ``slow:*:*=0.02``.
 ``xid:GPU:CODE@START`` delivers one XID event to the NVML event watcher, e.g. ``xid:3:79@10``.
 ``slowdown:GPU=FACTOR@START+DURATION`` makes the GPU itself run FACTOR times slower (clocks down, hardware

@@ -48,6 +48,9 @@ FI_ECC = {  # field → (volatile?, error type index)
     pynvml.NVML_FI_DEV_ECC_DBE_AGG_TOTAL: (False, 1),
 }
 FI_REPLAYS = pynvml.NVML_FI_DEV_PCIE_REPLAY_COUNTER
+# power as nvmlDeviceGetPowerUsage reports it on Hopper (the 1 s average) and the enforced limit, both mW
+FI_POWER, FI_POWER_LIMIT = pynvml.NVML_FI_DEV_POWER_AVERAGE, pynvml.NVML_FI_DEV_POWER_CURRENT_LIMIT
+FI_NVLINK_STATE = pynvml.NVML_FI_DEV_NVLINK_GET_STATE  # per link (scopeId): NVML_NVLINK_STATE_*
 FI_REMAPPED = (
     pynvml.NVML_FI_DEV_REMAPPED_COR,
     pynvml.NVML_FI_DEV_REMAPPED_UNC,
@@ -59,6 +62,9 @@ FOLDED_OP = {
     FI_ENERGY: "nvmlDeviceGetTotalEnergyConsumption",
     **dict.fromkeys(FI_ECC, "nvmlDeviceGetTotalEccErrors"),
     FI_REPLAYS: "nvmlDeviceGetPcieReplayCounter",
+    FI_POWER: "nvmlDeviceGetPowerUsage",
+    FI_POWER_LIMIT: "nvmlDeviceGetEnforcedPowerLimit",
+    FI_NVLINK_STATE: "nvmlDeviceGetNvLinkState",
     **dict.fromkeys(FI_REMAPPED, "nvmlDeviceGetRemappedRows"),
 }
 _FIELDS_KNOWN = {FI_MEMORY_TEMP, FI_NVLINK_COUNT, *FI_PCIE, *FI_NVLINK, *FI_THROTTLE_TIME, *FOLDED_OP}
@@ -71,6 +77,8 @@ _MODEL_GAPS: dict[str | int, Callable[[SimModel], bool]] = {
     **{fid: (lambda m: not m.ecc) for fid in FI_ECC},
     **{fid: (lambda m: not m.remapped_rows) for fid in FI_REMAPPED},
     "nvmlDeviceGetNvLinkState": lambda m: m.nvlinks == 0,
+    FI_NVLINK_STATE: lambda m: m.nvlinks == 0,
+    "nvmlDeviceGetEncoderUtilization": lambda m: not m.nvenc,
     "nvmlDeviceGetMigMode": lambda m: not m.mig,
     FI_MEMORY_TEMP: lambda m: not m.hbm,
     **{fid: (lambda m: not m.pcie_counters) for fid in FI_PCIE},
@@ -312,6 +320,15 @@ class SimNvml(SimEvents, SimMig, SimGpm, SimProcesses):
     def nvmlDeviceGetPowerUsage(self, handle: SimGpu) -> int:
         return int(self._gpu(handle, "nvmlDeviceGetPowerUsage").state.power_w * 1000)
 
+    def nvmlDeviceGetEncoderUtilization(self, handle: SimGpu) -> list[int]:
+        # no simulated workload encodes or decodes video: idle engines, over the driver's 167 ms window
+        self._gpu(handle, "nvmlDeviceGetEncoderUtilization")
+        return [0, 166667]
+
+    def nvmlDeviceGetDecoderUtilization(self, handle: SimGpu) -> list[int]:
+        self._gpu(handle, "nvmlDeviceGetDecoderUtilization")
+        return [0, 166667]
+
     def nvmlDeviceGetEnforcedPowerLimit(self, handle: SimGpu) -> int:
         return int(self._gpu(handle, "nvmlDeviceGetEnforcedPowerLimit").state.power_limit_w * 1000)
 
@@ -406,11 +423,20 @@ class SimNvml(SimEvents, SimMig, SimGpm, SimProcesses):
             fields.encode(values, i, fid, scope, stamp, 3, value_type, ret, value)
         return values
 
-    def _folded_field(self, gpu: SimGpu, fid: int) -> tuple[int, int, float]:
+    def _folded_field(self, gpu: SimGpu, fid: int, scope: int = 0) -> tuple[int, int, float]:
+        if fid == FI_NVLINK_STATE and not 0 <= scope < gpu.model.nvlinks:
+            return pynvml.NVML_ERROR_INVALID_ARGUMENT, _UINT, 0
         failed = self.faults.error_for(FOLDED_OP[fid], gpu.index)
         if failed is not None:
             return failed, _ULL, 0
         s = gpu.state
+        if fid == FI_NVLINK_STATE:
+            up = s.link_up[scope]
+            return (
+                pynvml.NVML_SUCCESS,
+                _UINT,
+                pynvml.NVML_NVLINK_STATE_ACTIVE if up else pynvml.NVML_NVLINK_STATE_INACTIVE,
+            )
         if fid == FI_ENERGY:
             return pynvml.NVML_SUCCESS, _ULL, int(s.energy_j * 1000)
         if fid in FI_ECC:
@@ -418,6 +444,10 @@ class SimNvml(SimEvents, SimMig, SimGpm, SimProcesses):
             return pynvml.NVML_SUCCESS, _ULL, (s.ecc_volatile if volatile else s.ecc_aggregate)[kind]
         if fid == FI_REPLAYS:
             return pynvml.NVML_SUCCESS, _UINT, s.replays
+        if fid == FI_POWER:
+            return pynvml.NVML_SUCCESS, _UINT, int(s.power_w * 1000)
+        if fid == FI_POWER_LIMIT:
+            return pynvml.NVML_SUCCESS, _UINT, int(s.power_limit_w * 1000)
         if gpu.mig:  # as its own call: no row remapping in MIG mode
             return pynvml.NVML_ERROR_NOT_SUPPORTED, _UINT, 0
         return pynvml.NVML_SUCCESS, _UINT, s.remap[FI_REMAPPED.index(fid)]
@@ -427,10 +457,10 @@ class SimNvml(SimEvents, SimMig, SimGpm, SimProcesses):
         s, m = gpu.state, gpu.model
         if fid not in _FIELDS_KNOWN or fid in gpu.unsupported:
             return pynvml.NVML_ERROR_NOT_SUPPORTED, _ULL, 0
-        if gpu.mig and (fid == FI_NVLINK_COUNT or fid in FI_NVLINK):
+        if gpu.mig and (fid in (FI_NVLINK_COUNT, FI_NVLINK_STATE) or fid in FI_NVLINK):
             return pynvml.NVML_ERROR_NOT_SUPPORTED, _ULL, 0  # NVLink, in MIG mode: as real NVML
         if fid in FOLDED_OP:
-            return self._folded_field(gpu, fid)
+            return self._folded_field(gpu, fid, scope)
         if fid == FI_MEMORY_TEMP:
             return pynvml.NVML_SUCCESS, _UINT, int(s.mem_temp_c)
         if fid == FI_NVLINK_COUNT:

@@ -26,11 +26,11 @@ SLURM_CGROUP = "0::/system.slice/slurmstepd.scope/job_4242/step_0/user/task_1\n"
 def node(sims, clock):
     made = []
 
-    def make(spec: str = "2xH100-SXM", pods=None):
+    def make(spec: str = "2xH100-SXM", pods=None, details=frozenset({"process-utilization"})):
         sim = sims(spec, static=True, clock=clock)
         allocation = pods if pods is not None else {}
         sampler = Sampler(
-            NvmlBackend(sim, clock=clock),
+            NvmlBackend(sim, clock=clock, details=details),
             clock=clock,
             timeout=1.0,
             attributor=Attributor(ProcessResolver(sim.proc_root()), lambda: allocation),
@@ -88,6 +88,24 @@ def test_processes_with_memory_utilisation_and_owners(node, clock) -> None:
     }
     mem = series(snap, "gpumon_process_memory_used_bytes")
     assert mem[(("gpu", "0"), ("pid", "4321"), ("uuid", u0))] == 30_000 * MiB
+
+
+def test_process_utilisation_is_opt_in_and_costs_no_call_when_off(node, clock) -> None:
+    """By default a process has its memory and owner; its SM and memory use (one more NVML call per GPU, three
+    more series per process) come with --collect process-utilization."""
+    sim, sampler = node(details=frozenset())
+    sim.gpus[0].processes = [SimProcess(4321, 30_000 * MiB, 0.8, 0.3, name="torchrun")]
+    clock.advance(1.0)
+    calls: list[tuple] = []
+    real = sim.nvmlDeviceGetProcessUtilization
+    sim.nvmlDeviceGetProcessUtilization = lambda *a: calls.append(a) or real(*a)
+    snap = sampler.sweep()
+    (p,) = snap.gpus[0].reading.processes
+    assert (p.used_memory_bytes, p.sm_utilization_ratio, p.last_seen) == (30_000 * MiB, None, None)
+    assert calls == []
+    assert series(snap, "gpumon_process_sm_utilization_ratio") == {}
+    on = series(snap, "gpumon_process_sm_utilization_ratio", details=frozenset({"process-utilization"}))
+    assert on == {}  # switched on, but this backend did not read it: absent, never 0
 
 
 def test_a_process_that_exits_leaves_no_series_behind(node, clock) -> None:

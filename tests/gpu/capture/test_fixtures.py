@@ -23,6 +23,7 @@ from gpumon.gpu.capture import ReplayNvml, load
 from gpumon.gpu.nvml import NvmlBackend
 from gpumon.gpu.sampler import Sampler
 from gpumon.gpu.snapshot import GpuStatus
+from gpumon.metrics.registry import DETAILS
 
 CAPTURES = sorted((ROOT / "tests" / "fixtures" / "captures").glob("*.json"))
 NOT_SUPPORTED = 3  # NVML_ERROR_NOT_SUPPORTED
@@ -51,7 +52,8 @@ def last_field(capture_path: Path, field_id: int) -> tuple[int, Any]:
 
 
 def replayed(path: Path, sweeps: int = 8) -> GpuStatus:
-    sampler = Sampler(NvmlBackend(ReplayNvml(load(str(path)))), interval=1.0)
+    # every opt-in detail: the captures hold the calls behind each, and each is checked against them
+    sampler = Sampler(NvmlBackend(ReplayNvml(load(str(path))), details=frozenset(DETAILS)), interval=1.0)
     sampler.open()
     try:
         for _ in range(sweeps):  # past the capture's own sweeps: every answer is the last one recorded

@@ -1,0 +1,132 @@
+"""The series budget: by default an 8 x H100 SXM node exposes at most 50 series per GPU plus 60 for the node
+(issue 18); debug detail is opt-in by name (``--collect``), and each name adds what docs/metrics.md says."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from support.helpers import run_gpumon
+
+from gpumon import metrics as M
+from gpumon.config.resolve import resolve
+from gpumon.gpu.collector import build_families
+from gpumon.gpu.events import EventWatcher
+from gpumon.gpu.nvml import NvmlBackend
+from gpumon.gpu.sampler import Sampler
+from gpumon.gpu.sim import SimNvml
+
+PER_GPU, PER_NODE, GPUS = 50, 60, 8
+
+
+def series_by_gpu(text: str) -> Counter[str]:
+    """Series per value of the ``gpu`` label ("" for the node's own)."""
+    out: Counter[str] = Counter()
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if not s.name.endswith("_created"):
+                out[s.labels.get("gpu", "")] += 1
+    return out
+
+
+def steady(d, timeout: float = 10.0) -> str:
+    """The exposition once the event watcher has registered and GPM has a pair of samples (both come a
+    moment after the first sweep), so the count is of what a scrape sees in steady state."""
+    end = time.monotonic() + timeout
+    while True:
+        text = d.get("/metrics").text
+        if "gpumon_gpu_events_total" in text and "gpumon_gpu_tensor_active_ratio" in text:
+            return text
+        assert time.monotonic() < end, "no steady exposition"
+        time.sleep(0.1)
+
+
+@pytest.mark.slow
+def test_the_default_exposition_of_8_h100_is_within_the_budget(daemon) -> None:
+    d = daemon("--simulate", f"{GPUS}xH100-SXM", "--interval", "200ms")
+    counts = series_by_gpu(steady(d))
+    node = counts.pop("")
+    assert len(counts) == GPUS
+    assert max(counts.values()) <= PER_GPU, counts
+    assert node <= PER_NODE
+    assert sum(counts.values()) + node <= PER_GPU * GPUS + PER_NODE
+    # what an operator alerts on is in it; the per-link detail is not
+    text = d.get("/metrics").text
+    for name in ("gpumon_gpu_nvlink_links_up", "gpumon_gpu_throttle_seconds_total", 'event="xid"'):
+        assert name in text, name
+    assert "gpumon_gpu_nvlink_link_up" not in text
+
+
+@pytest.mark.slow
+def test_collect_all_serves_every_detail(daemon) -> None:
+    d = daemon("--simulate", "2xH100-SXM", "--interval", "200ms", "--collect", "all")
+    names = {f.name for f in text_string_to_metric_families(steady(d))}
+    opt_in = {m.name.removesuffix("_total") for m in M.REGISTRY if m.detail}
+
+    # the process utilisation series need a process that ran kernels; the simulator's idle node has some
+    assert opt_in <= names, opt_in - names
+
+
+@pytest.fixture(scope="module")
+def h100_snapshot():
+    """One sweep of 8 simulated H100s, every detail read (what ``--collect all`` makes the backend do)."""
+    sim = SimNvml(f"{GPUS}xH100-SXM", seed=0, warmup=120.0)
+    sampler = Sampler(NvmlBackend(sim, details=frozenset(M.DETAILS)), interval=1.0, timeout=1.0)
+    sampler.events = EventWatcher(sim, sampler.devices, wait_ms=20)
+    sampler.open()
+    sampler.start()
+    try:
+        end = time.monotonic() + 10
+        while (snap := sampler.snapshot) is None or not (
+            snap.events is not None and snap.events.registered and snap.gpus[0].reading.profiling is not None
+        ):
+            assert time.monotonic() < end, "no sweep with events and profiling"
+            time.sleep(0.05)
+        yield snap
+    finally:
+        sampler.stop()
+
+
+def per_gpu0(snap, details: frozenset[str]) -> int:
+    fams = build_families(snap, details=details)
+    return sum(1 for f in fams for s in f.samples if s.labels.get("gpu") == "0")
+
+
+# what each name adds per H100 (18 NVLinks, one process), as DETAILS in gpumon/metrics/registry.py says
+ADDS = {
+    "nvlink-links": 54,
+    "throttle-reasons": 9,
+    "process-utilization": 3,
+    "profiling-detail": 8,
+    "event-types": 19,
+    "ecc-lifetime": 2,
+    "device-state": 4,
+    "sampler-timing": 2,
+}
+
+
+def test_every_detail_is_documented_with_what_it_adds() -> None:
+    assert set(ADDS) == set(M.DETAILS)
+    for name, n in ADDS.items():
+        assert f"({n} " in M.DETAILS[name] or f"{n} per" in M.DETAILS[name], name
+    assert all(m.detail in M.DETAILS for m in M.REGISTRY if m.detail)
+
+
+@pytest.mark.parametrize("name", list(ADDS))
+def test_each_detail_adds_what_it_says_per_gpu(h100_snapshot, name: str) -> None:
+    base = per_gpu0(h100_snapshot, frozenset())
+    assert per_gpu0(h100_snapshot, frozenset({name})) - base == ADDS[name]
+    tagged = {m.name for m in M.REGISTRY if m.detail == name}
+    default = {f.name for f in build_families(h100_snapshot)}
+    assert not tagged & default, f"{name}'s series are served without it"
+
+
+def test_collect_names_are_checked_and_all_expands() -> None:
+    r = run_gpumon("snapshot", "--simulate", "1xL4", "--collect", "nvlink-link")
+    assert r.returncode == 2 and "unknown 'nvlink-link'" in r.stderr and "nvlink-links" in r.stderr
+    assert "Traceback" not in r.stderr
+    s = resolve({"collect": ["nvlink-links,ecc-lifetime", "ecc-lifetime"]}, env={})
+    assert s.collect == ["nvlink-links", "ecc-lifetime"]
+    assert resolve({}, env={"GPUMON_COLLECT": "all"}).collect == list(M.DETAILS)
