@@ -119,6 +119,12 @@ def add_common_options(p: argparse.ArgumentParser, *, gpus: bool = True) -> None
     t.add_argument("--proc-root", metavar="PATH", help="the host's /proc (default /proc)")
     t.add_argument("--compat", choices=("dcgm",), help="also emit dcgm-exporter metric names and units")
     t.add_argument(
+        "--compat-hostname-label",
+        choices=("Hostname", "hostname"),
+        help="spelling of the host label on --compat dcgm series: Hostname (dcgm-exporter's releases, the "
+        "default) or hostname (its main branch)",
+    )
+    t.add_argument(
         "--collect",
         action="append",
         default=[],
@@ -223,6 +229,10 @@ def open_sampler(settings: Settings, command: str, *, wait: bool = False, wrap: 
         backend.processes = settings.processes
         # a one-off read shows and probes everything; the daemon reads what its exposition needs
         backend.details = frozenset(DETAILS) if command in ("snapshot", "doctor") else settings.details
+        if (
+            settings.compat == "dcgm"
+        ):  # DCGM_FI_DEV_PSTATE: read, though gpumon's own P-state series stays off
+            backend.details |= {"device-state"}
         sampler = Sampler(backend, interval=settings.interval, timeout=settings.deadline)
         if settings.profiling in ("auto", "dcgm") and backend.name == "nvml":
             sampler.on_open.append(lambda: _try_dcgm(backend, sampler, settings))

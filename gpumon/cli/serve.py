@@ -146,6 +146,7 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
         backend=backend,
         owner_labels=settings.owner_labels,
         details=settings.details,
+        compat_host_label=settings.compat_hostname_label,
         compat=settings.compat,
         training=training,
         node=settings.node_name or node_hostname(),

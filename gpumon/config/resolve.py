@@ -200,6 +200,12 @@ def _validate_telemetry(raw: Mapping[str, Any], s: Settings) -> None:
         s.compat = text_setting(raw, "compat").lower()
         if s.compat not in COMPAT:
             raise ConfigError(f"compat: expected one of {', '.join(COMPAT)}, got {raw['compat']!r}")
+    if raw.get("compat_hostname_label"):
+        s.compat_hostname_label = text_setting(raw, "compat_hostname_label")
+        if s.compat_hostname_label not in ("Hostname", "hostname"):
+            raise ConfigError(
+                f"compat-hostname-label: expected Hostname or hostname, got {raw['compat_hostname_label']!r}"
+            )
     if raw.get("collect"):
         s.collect = _details(raw["collect"])
 

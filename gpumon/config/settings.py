@@ -59,6 +59,7 @@ class Settings:
     kubelet_socket: str = DEFAULT_KUBELET_SOCKET  # "" turns pod lookups off
     proc_root: str = "/proc"  # the host's /proc (mounted elsewhere when gpumon runs in a container)
     compat: str | None = None  # "dcgm": also emit dcgm-exporter's metric names
+    compat_hostname_label: str = "Hostname"  # or "hostname", as dcgm-exporter's main branch spells it
     collect: list[str] = field(default_factory=list)  # opt-in detail by name (gpumon.metrics DETAILS)
     # training telemetry (docs/training.md)
     ingest: bool = True  # accept SDK reports on POST /v1/report

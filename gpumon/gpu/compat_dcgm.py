@@ -14,6 +14,7 @@ grafana/dcgm-exporter-dashboard.json.
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 import sys
@@ -35,6 +36,8 @@ NVLINK_BANDWIDTH = "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL"
 # dcgm-exporter's GPU labels with its default counters file; Hostname is left out when the host name is ""
 # (dcgm-exporter's --no-hostname), and the XID series add err_code and err_msg
 LABELS = ("gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname", "DCGM_FI_DRIVER_VERSION")
+# dcgm-exporter's main branch spells it "hostname" (commit d5e5f51, in no release yet):
+# --compat-hostname-label renames it on every series
 
 
 @dataclass(frozen=True)
@@ -48,22 +51,38 @@ class CompatMetric:
     field: str = ""  # GpuReading attribute path; "" where collect() computes the value itself
     scale: float = 1.0
     default: bool = False  # enabled in dcgm-exporter's default-counters.csv
+    whole: bool = False  # DCGM reports whole units (MiB of framebuffer): rounded down, as its division does
 
-    @property
-    def exposed_type(self) -> str:
-        # OpenMetrics, which Prometheus asks for first, requires counter samples to end in _total and fails
-        # the whole scrape otherwise; DCGM's names do not, so its counters go out untyped under their names
-        return "gauge" if self.type == "gauge" else "unknown"
+    def family(self) -> Metric:
+        return (
+            Metric(self.name, self.help, "gauge")
+            if self.type == "gauge"
+            else DcgmCounter(self.name, self.help)
+        )
+
+
+class DcgmCounter(Metric):
+    """A counter under DCGM's exact name, which lacks ``_total``. The text format types it ``counter``, as
+    dcgm-exporter does; OpenMetrics, which Prometheus asks for first, requires counter samples to end in
+    ``_total`` and fails the whole scrape otherwise, so there it goes out ``unknown`` (untyped) under the
+    same name. gpumon.web.exposition reads ``text_type``."""
+
+    text_type = "counter"
+
+    def __init__(self, name: str, documentation: str) -> None:
+        super().__init__(name, documentation, "unknown")
 
 
 # fmt: off
 def _m(name: str, type_: str, default: bool, help_: str, unit: str, gpumon: str, field: str = "",
-       scale: float = 1.0, conversion: str = "none") -> CompatMetric:
-    return CompatMetric(f"DCGM_FI_{name}", type_, help_, unit, gpumon, conversion, field, scale, default)
+       scale: float = 1.0, conversion: str = "none", whole: bool = False) -> CompatMetric:
+    return CompatMetric(
+        f"DCGM_FI_{name}", type_, help_, unit, gpumon, conversion, field, scale, default, whole
+    )
 
 
 G, C = "gauge", "counter"
-MIB, MHZ, PCT = "/ 2^20 (bytes to MiB)", "/ 10^6 (Hz to MHz)", "* 100 (ratio to percent)"
+MIB, MHZ, PCT = "/ 2^20, rounded down (bytes to whole MiB)", "/ 10^6 (Hz to MHz)", "* 100 (ratio to percent)"
 _PIPE = "Ratio of cycles the {} pipes are active."
 _PCIE = (
     "The rate of data {} over the PCIe bus - including both protocol headers and data payloads - "
@@ -89,17 +108,21 @@ MAPPING: tuple[CompatMetric, ...] = (
        "%", "gpumon_gpu_utilization_ratio", "utilization_ratio", 100, PCT),
     _m("DEV_MEM_COPY_UTIL", G, True, "Memory utilization (in %).", "%",
        "gpumon_gpu_memory_controller_utilization_ratio", "memory_controller_utilization_ratio", 100, PCT),
+    _m("DEV_ENC_UTIL", G, True, "Encoder utilization (in %).", "%",
+       "gpumon_gpu_encoder_utilization_ratio", "encoder_utilization_ratio", 100, PCT),
+    _m("DEV_DEC_UTIL", G, True, "Decoder utilization (in %).", "%",
+       "gpumon_gpu_decoder_utilization_ratio", "decoder_utilization_ratio", 100, PCT),
     _m("DEV_XID_ERRORS", G, True, "Value of the last XID error encountered.", "XID code",
        "gpumon_gpu_xid_last_timestamp_seconds", conversion="code of the newest XID; 0 while none"),
     _m("DEV_FB_FREE", G, True, "Framebuffer memory free (in MiB).",
-       "MiB", "gpumon_gpu_memory_free_bytes", "memory_free_bytes", 1 / MiB, MIB),
+       "MiB", "gpumon_gpu_memory_free_bytes", "memory_free_bytes", 1 / MiB, MIB, whole=True),
     _m("DEV_FB_USED", G, True, "Framebuffer memory used (in MiB).",
-       "MiB", "gpumon_gpu_memory_used_bytes", "memory_used_bytes", 1 / MiB, MIB),
+       "MiB", "gpumon_gpu_memory_used_bytes", "memory_used_bytes", 1 / MiB, MIB, whole=True),
     _m("DEV_FB_RESERVED", G, True, "Framebuffer memory reserved (in MiB).",
-       "MiB", "gpumon_gpu_memory_reserved_bytes", "memory_reserved_bytes", 1 / MiB, MIB),
+       "MiB", "gpumon_gpu_memory_reserved_bytes", "memory_reserved_bytes", 1 / MiB, MIB, whole=True),
     _m("DEV_FB_TOTAL", G, False, "Framebuffer memory total (in MiB).",
-       "MiB", "gpumon_gpu_memory_total_bytes", "memory_total_bytes", 1 / MiB, MIB),
-    _m("DEV_NVLINK_BANDWIDTH_TOTAL", C, True, "Total number of NVLink bandwidth counters for all lanes.",
+       "MiB", "gpumon_gpu_memory_total_bytes", "memory_total_bytes", 1 / MiB, MIB, whole=True),
+    _m("DEV_NVLINK_BANDWIDTH_TOTAL", G, True, "Total number of NVLink bandwidth counters for all lanes.",
        "MiB/s", "gpumon_gpu_nvlink_transmit_bytes_total + gpumon_gpu_nvlink_receive_bytes_total",
        conversion="(tx + rx) bytes since the previous snapshot scraped / seconds / 2^20"),
     _m("DEV_UNCORRECTABLE_REMAPPED_ROWS", C, True, "Number of remapped rows for uncorrectable errors",
@@ -160,8 +183,6 @@ _PLAIN = tuple(m for m in MAPPING if m.field)
 
 # dcgm-exporter defaults (and common additions) gpumon cannot fill, and why
 NOT_PROVIDED: tuple[tuple[str, str], ...] = (
-    ("DCGM_FI_DEV_ENC_UTIL, DCGM_FI_DEV_DEC_UTIL (default)",
-     "gpumon does not read NVENC/NVDEC utilisation; training and serving nodes rarely use them"),
     ("DCGM_FI_DEV_VGPU_LICENSE_STATUS (default)", "gpumon does not read vGPU licensing"),
     ("DCGM_FI_DEV_PCIE_TX_THROUGHPUT, DCGM_FI_DEV_PCIE_RX_THROUGHPUT",
      "no longer dcgm-exporter defaults; use rate() of gpumon_gpu_pcie_*_bytes_total or DCGM_FI_PROF_PCIE_*"),
@@ -199,9 +220,11 @@ def _read(r: GpuReading, path: str) -> Any:
     return value
 
 
-def _convert(value: Any, scale: float) -> float:
+def _convert(value: Any, m: CompatMetric) -> float:
+    if m.whole:  # DCGM divides bytes into MiB with integer division
+        return float(math.floor(float(value) * m.scale))
     # round away the binary noise of scaling (29 % rather than 28.999999999999996); DCGM reports integers here
-    return float(value) if scale == 1.0 else round(float(value) * scale, 6)
+    return float(value) if m.scale == 1.0 else round(float(value) * m.scale, 6)
 
 
 def _nvlink_bytes(r: GpuReading | None) -> float | None:
@@ -230,24 +253,29 @@ def _last_xid(ev: EventsView, uuid: str) -> int | None:
     return 0 if ev.running and "xid" in ev.registered.get(uuid, ()) else None
 
 
-def _labels(st: GpuStatus, hostname: str, driver: str) -> dict[str, str]:
+def _labels(st: GpuStatus, hostname: str, driver: str, host_label: str = "Hostname") -> dict[str, str]:
     i = st.info
     values = (str(i.index), i.uuid, i.pci_bus_id, f"nvidia{i.index}", i.name, hostname, driver)
     # an empty host name is dcgm-exporter's --no-hostname: the label is left out rather than left empty
-    return {k: v for k, v in zip(LABELS, values, strict=True) if v or k != "Hostname"}
+    labels = {k: v for k, v in zip(LABELS, values, strict=True) if v or k != "Hostname"}
+    if host_label != "Hostname" and "Hostname" in labels:
+        labels[host_label] = labels.pop("Hostname")
+    return labels
 
 
-def build_families(snap: Snapshot, hostname: str, previous: Snapshot | None = None) -> list[Metric]:
-    f = {m.name: Metric(m.name, m.help, m.exposed_type) for m in MAPPING}
+def build_families(
+    snap: Snapshot, hostname: str, previous: Snapshot | None = None, host_label: str = "Hostname"
+) -> list[Metric]:
+    f = {m.name: m.family() for m in MAPPING}
     before = {st.info.uuid: st.reading for st in previous.gpus} if previous is not None else {}
     for st in snap.gpus:
-        labels = _labels(st, hostname, snap.driver.driver_version)
+        labels = _labels(st, hostname, snap.driver.driver_version, host_label)
         r = st.reading
         if r is not None:  # a down GPU gets no stale or zero values, as in gpumon's own series
             for m in _PLAIN:
                 value = _read(r, m.field)
                 if value is not None:
-                    f[m.name].add_sample(m.name, labels, _convert(value, m.scale))
+                    f[m.name].add_sample(m.name, labels, _convert(value, m))
             rate = _nvlink_rate(before.get(st.info.uuid), r)
             if rate is not None:
                 f[NVLINK_BANDWIDTH].add_sample(NVLINK_BANDWIDTH, labels, rate)
@@ -262,16 +290,22 @@ def build_families(snap: Snapshot, hostname: str, previous: Snapshot | None = No
 class DcgmCompatCollector(PerSnapshotCollector):
     """dcgm-exporter's series over whatever snapshot ``source`` returns."""
 
-    def __init__(self, source: Callable[[], Snapshot | None], hostname: str | None = None) -> None:
+    def __init__(
+        self,
+        source: Callable[[], Snapshot | None],
+        hostname: str | None = None,
+        host_label: str = "Hostname",
+    ) -> None:
         super().__init__(source)
         self.hostname = node_hostname() if hostname is None else hostname
+        self.host_label = host_label
 
     def describe(self) -> list[Metric]:
         """Every family this collector can yield, for name[] filtering and the registry's duplicate check."""
-        return [Metric(m.name, m.help, m.exposed_type) for m in MAPPING]
+        return [m.family() for m in MAPPING]
 
     def build(self, snap: Snapshot, previous: Snapshot | None) -> list[Metric]:
-        return build_families(snap, self.hostname, previous)
+        return build_families(snap, self.hostname, previous, self.host_label)
 
 
 _INTRO = """# dcgm-exporter compatibility (`--compat dcgm`)
@@ -281,18 +315,24 @@ a test fails when this file is out of date. Do not edit by hand.
 
 With `--compat dcgm` (or `compat = "dcgm"` in the config file, or `GPUMON_COMPAT=dcgm`) gpumon also emits
 dcgm-exporter's series, with its metric names, units and labels, so that dashboards and alerts built on
-dcgm-exporter keep working; grafana.com dashboard 12239 ("NVIDIA DCGM Exporter Dashboard") reads
-`DCGM_FI_DEV_GPU_TEMP`, `_POWER_USAGE`, `_SM_CLOCK`, `_FB_USED`, `_FB_FREE`, `DCGM_FI_PROF_GR_ENGINE_ACTIVE`
-and `_PIPE_TENSOR_ACTIVE` by `Hostname` and `gpu`. The `gpumon_*` series stay as they are; the compat ones
-are converted from the same snapshot, without NVML calls of their own. New dashboards and alerts should use
-`gpumon_*` (base units, `_total` counters).
+dcgm-exporter keep working. grafana.com dashboard 12239 ("NVIDIA DCGM Exporter Dashboard", shipped in
+dcgm-exporter's repository as `grafana/dcgm-exporter-dashboard.json`) has eight queries, each selecting by
+`instance` and `gpu`: `DCGM_FI_DEV_GPU_TEMP` (and its `avg`), `DCGM_FI_DEV_POWER_USAGE` (and its `sum`),
+`DCGM_FI_DEV_SM_CLOCK * 1000000`, `DCGM_FI_DEV_GPU_UTIL`, `DCGM_FI_DEV_FB_USED` and
+`DCGM_FI_PROF_PIPE_TENSOR_ACTIVE`; its `instance` and `gpu` variables are `label_values` of
+`DCGM_FI_DEV_GPU_TEMP`. `tests/e2e/test_dcgm_compat.py` runs every one against a real Prometheus scraping
+gpumon, and checks every series of dcgm-exporter's default counters file by name, type and labels. The
+`gpumon_*` series stay as they are; the compat ones are converted from the same snapshot, without NVML
+calls of their own. New dashboards and alerts should use `gpumon_*` (base units, `_total` counters).
 
 ## Labels
 
 dcgm-exporter's defaults: `gpu` (NVML index), `UUID`, `pci_bus_id` (`00000000:18:00.0`), `device` (`nvidia`
 and the index), `modelName` (NVML name), `Hostname` and `DCGM_FI_DRIVER_VERSION` (the label field of its
-default counters file); `DCGM_FI_DEV_XID_ERRORS` adds `err_code` and `err_msg`. `Hostname` is `NODE_NAME`
-when set, as in dcgm-exporter, whose Helm chart sets it to the node name, else the host name. Differences:
+default counters file); `DCGM_FI_DEV_XID_ERRORS` adds `err_code` and `err_msg`. `Hostname` is the node
+name (`--node-name`, else `NODE_NAME`, as in dcgm-exporter, whose Helm chart sets it to the node name, else
+the host name). dcgm-exporter's main branch renames the label `hostname` (commit d5e5f51, in no release
+yet); `--compat-hostname-label hostname` (`GPUMON_COMPAT_HOSTNAME_LABEL`) spells it so. Differences:
 
 - `err_msg` comes from gpumon's XID catalogue ([xid.md](xid.md)), worded unlike dcgm-exporter's table.
 - No `pod`, `namespace` and `container` labels (dcgm-exporter's Helm chart turns on `--kubernetes`) and no
@@ -311,13 +351,20 @@ and join `gpumon_xid_info` on `xid` for severity and action.
 
 ## Types and units
 
-- dcgm-exporter declares some fields counters without naming them `_total`. OpenMetrics, which Prometheus
-  negotiates first, requires counter samples to end in `_total`, and one malformed family fails the whole
-  scrape, so these go out untyped (`unknown` in OpenMetrics) under their exact names. Queries are unchanged.
-- `DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL` is a rate despite its type: DCGM differences NVML's NVLink data
-  counters (tx + rx) over its poll and publishes MiB/s. gpumon differences them between the snapshots two
-  scrapes see: no value on the first scrape or after a counter reset. DCGM's source divides KiB/s by 1000
-  where its comment says MiB; gpumon divides by 2^20 (2.4 % apart).
+- dcgm-exporter declares some fields counters without naming them `_total`. In the Prometheus text format,
+  which dcgm-exporter serves, gpumon types them `counter` too. OpenMetrics, which Prometheus negotiates
+  first, requires counter samples to end in `_total`, and one malformed family fails the whole scrape, so
+  there they go out `unknown` (untyped) under their exact names. Queries are the same either way; only the
+  type in Prometheus's metadata differs. To see them typed `counter`, as with dcgm-exporter, give the
+  gpumon job `scrape_protocols: [PrometheusText0.0.4]` (gpumon's own series lose nothing in that format).
+- Framebuffer sizes (`DCGM_FI_DEV_FB_*`) are whole MiB, rounded down, as DCGM's integer division gives them.
+- `DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL` is a rate: DCGM differences NVML's NVLink data counters (tx + rx)
+  over its poll and publishes MiB/s, and dcgm-exporter's current counters file types it `gauge` (earlier
+  ones said `counter`). gpumon differences the counters between the snapshots two scrapes see: no value on
+  the first scrape or after a counter reset. DCGM's source divides KiB/s by 1000 where its comment says MiB;
+  gpumon divides by 2^20 (2.4 % apart).
+- `DCGM_FI_DEV_ENC_UTIL` is absent on boards without video encoders (A100, H100, H200, B200), where gpumon
+  finds NVML answering NOT_SUPPORTED; dcgm-exporter reports DCGM's blank value there.
 - `DCGM_FI_PROF_*` activities are ratios 0-1, as DCGM reports them, though some dcgm-exporter CSVs say
   "(in %)". They need gpumon's profiling counters (NVML GPM on Hopper and later, or DCGM).
 - Scaled values are rounded to 6 decimals, so that 29 % is not 28.999999999999996.
@@ -335,11 +382,12 @@ commented out, or that teams commonly add.
 _PROMTOOL = """
 ## promtool
 
-`promtool check metrics` has nothing to say about gpumon's own series. The compat series draw two lint
-warnings, inherent to dcgm-exporter's names (its own output draws them too, and `counter metrics should
-have "_total" suffix` besides):
+`promtool check metrics` has nothing to say about gpumon's own series. The compat series draw three lint
+warnings, inherent to dcgm-exporter's names (its own output draws the same):
 
-- `label names should be written in 'snake_case' not 'camelCase'` (`modelName`), on every family;
+- `label names should be written in 'snake_case' not 'camelCase'` (`modelName`, `Hostname`), on every
+  family;
+- `counter metrics should have "_total" suffix`, on each counter (text format);
 - `metric name should not include type 'counter'`, on `DCGM_FI_DEV_PCIE_REPLAY_COUNTER`.
 """
 

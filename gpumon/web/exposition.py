@@ -20,7 +20,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 from prometheus_client.utils import floatToGoString
 
-_SIMPLE_TYPES = ("gauge", "counter", "histogram")
+_SIMPLE_TYPES = ("gauge", "counter", "histogram", "unknown")
 # names that need no escaping in any scheme; anything else goes to prometheus_client's encoder
 _METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 _LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
@@ -127,16 +127,21 @@ class Renderer:
         return lines
 
     def _header(self, metric: Metric, om: bool, dots: bool) -> str:
-        key = (metric.name, metric.type, metric.documentation, om, dots)
+        # a family may declare another type for the text format (gpumon.gpu.compat_dcgm.DcgmCounter: a counter
+        # without _total, which only the text format allows); unknown is "untyped" there
+        text_type = getattr(metric, "text_type", None)
+        key = (metric.name, metric.type, text_type, metric.documentation, om, dots)
         header = self._headers.get(key)
         if header is None:
             name = _dots(metric.name) if dots else metric.name
+            kind = metric.type
             if om:
                 doc = _escape_value(metric.documentation)
             else:
                 doc = metric.documentation.replace("\\", r"\\").replace("\n", r"\n")
                 name = name + "_total" if metric.type == "counter" else name
-            header = self._headers[key] = f"# HELP {name} {doc}\n# TYPE {name} {metric.type}\n"
+                kind = text_type or ("untyped" if kind == "unknown" else kind)
+            header = self._headers[key] = f"# HELP {name} {doc}\n# TYPE {name} {kind}\n"
         return header
 
     @staticmethod

@@ -36,6 +36,7 @@ def build_registry(
     node: str | None = None,
     connections: Gate | None = None,
     details: frozenset[str] = frozenset(),
+    compat_host_label: str = "Hostname",
 ) -> CollectorRegistry:
     registry = CollectorRegistry()
     registry.register(SnapshotCollector(source, owner_labels=owner_labels, node=node, details=details))
@@ -44,7 +45,7 @@ def build_registry(
     if training is not None:
         registry.register(training.collector())
     if compat == "dcgm":  # dcgm-exporter's names beside ours, for dashboards built on them
-        registry.register(DcgmCompatCollector(source, node))
+        registry.register(DcgmCompatCollector(source, node, compat_host_label))
     ProcessCollector(registry=registry)
     return registry
 
@@ -102,6 +103,7 @@ def create_app(
     connections: Gate | None = None,
     fresh: Callable[[], bool] = lambda: True,
     details: frozenset[str] = frozenset(),
+    compat_host_label: str = "Hostname",
 ) -> FastAPI:
     """``max_age``: how long a render may be reused while nothing it reads has changed (the sample
     interval: what changes with time alone is then as fresh as the GPU series). ``fresh``: whether the
@@ -114,6 +116,7 @@ def create_app(
         node=node,
         connections=connections,
         details=details,
+        compat_host_label=compat_host_label,
     )
     app = FastAPI(title="gpumon", version=__version__, docs_url=None, redoc_url=None)
     if training is not None:

@@ -267,3 +267,19 @@ def test_a_config_file_that_is_no_config_stops_startup_with_one_line(
     assert r.returncode == 2, r.stderr
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0] and str(path) in lines[0], r.stderr
+
+
+def test_compat_hostname_label_takes_either_spelling_of_dcgm_exporter_and_nothing_else() -> None:
+    assert resolve({}, env={}).compat_hostname_label == "Hostname"
+    assert resolve({}, env={"GPUMON_COMPAT_HOSTNAME_LABEL": "hostname"}).compat_hostname_label == "hostname"
+    with pytest.raises(ConfigError, match="expected Hostname or hostname"):
+        resolve({"compat_hostname_label": "HOSTNAME"}, env={})
+
+
+def test_collect_from_a_config_file_list(tmp_path: Path) -> None:
+    path = tmp_path / "gpumon.toml"
+    path.write_text('collect = ["nvlink-links", "device-state"]\n')
+    assert resolve({"config": str(path)}, env={}).collect == ["nvlink-links", "device-state"]
+    path.write_text("collect = [3]\n")
+    with pytest.raises(ConfigError, match="collect: expected names"):
+        resolve({"config": str(path)}, env={})

@@ -27,6 +27,7 @@ HOST = "gpu-node-7"
 # promtool lint messages the compat names cause (docs/dcgm-compat.md lists them); nothing else is allowed
 COMPAT_LINTS = (
     "label names should be written in 'snake_case' not 'camelCase'",
+    'counter metrics should have "_total" suffix',
     "metric name should not include type 'counter'",
 )
 
@@ -70,7 +71,7 @@ def test_values_are_in_dcgm_units(snap: Snapshot) -> None:
     assert r is not None and r.memory_used_bytes is not None and r.memory_free_bytes is not None
     fams = parsed(snap)
     assert value(fams, "DCGM_FI_DEV_FB_USED") == r.memory_used_bytes / MiB == 60_000
-    assert value(fams, "DCGM_FI_DEV_FB_FREE") == r.memory_free_bytes / MiB
+    assert value(fams, "DCGM_FI_DEV_FB_FREE") == r.memory_free_bytes // MiB
     assert value(fams, "DCGM_FI_DEV_POWER_USAGE") == 650.5  # W, as gpumon
     assert value(fams, "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION") == 123_456_789  # mJ from 123456.789 J
     assert value(fams, "DCGM_FI_DEV_GPU_UTIL") == 97  # percent from 0.97
@@ -100,6 +101,32 @@ def test_values_are_in_dcgm_units(snap: Snapshot) -> None:
     assert value(fams, "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE") == 0.42
     assert value(fams, "DCGM_FI_PROF_GR_ENGINE_ACTIVE") == 0.9
     assert value(fams, "DCGM_FI_PROF_PIPE_FP16_ACTIVE") == 0.3
+
+
+def test_framebuffer_is_whole_mib_rounded_down_and_video_engines_in_percent(snap: Snapshot) -> None:
+    """DCGM divides bytes into MiB with integer division; a byte short of a MiB is the MiB below."""
+    first = snap.gpus[0]
+    assert first.reading is not None
+    reading = dataclasses.replace(
+        first.reading,
+        memory_used_bytes=60_000 * MiB - 1,
+        memory_free_bytes=20_000.5 * MiB,
+        encoder_utilization_ratio=0.07,
+        decoder_utilization_ratio=0.33,
+    )
+    fams = parsed(
+        dataclasses.replace(snap, gpus=(dataclasses.replace(first, reading=reading), *snap.gpus[1:]))
+    )
+    assert (value(fams, "DCGM_FI_DEV_FB_USED"), value(fams, "DCGM_FI_DEV_FB_FREE")) == (59_999, 20_000)
+    assert (value(fams, "DCGM_FI_DEV_ENC_UTIL"), value(fams, "DCGM_FI_DEV_DEC_UTIL")) == (7, 33)
+
+
+def test_the_host_label_can_take_dcgm_exporters_new_spelling(snap: Snapshot) -> None:
+    collector = DcgmCompatCollector(lambda: snap, hostname=HOST, host_label="hostname")
+    labels = parse_text(text_of(collector))
+    for fam in labels:
+        for s in fam.samples:
+            assert s.labels["hostname"] == HOST and "Hostname" not in s.labels
 
 
 def test_absent_quantities_have_no_sample_never_a_zero(snap: Snapshot) -> None:
@@ -226,15 +253,19 @@ def test_exposition_parses_as_text_and_openmetrics(snap: Snapshot) -> None:
     snap = dataclasses.replace(snap, events=events(snap, gpu0=(79, 1.0)))
     registry = build_registry(lambda: snap)
     registry.register(DcgmCompatCollector(lambda: snap, hostname=HOST))
-    text = {f.name: f for f in parse_text(generate_latest(registry).decode())}
+    body = Renderer().render(registry.collect(), openmetrics_format=False).decode()  # what /metrics serves
+    text = {f.name: f for f in parse_text(body)}
     assert text["DCGM_FI_DEV_FB_USED"].type == "gauge"
-    # DCGM's counters lack _total, which OpenMetrics requires of counters: they go out untyped
-    assert text["DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"].type == "unknown"
-    assert [s.name for s in text["DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"].samples] == [
-        "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"
-    ] * 2
-    om = Renderer().render(registry.collect(), openmetrics_format=True).decode()  # what /metrics serves
-    assert {f.name for f in parse_openmetrics(om)} == set(text)
+    # DCGM's counters lack _total: counters in the text format, as dcgm-exporter serves them ...
+    assert "# TYPE DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION counter\n" in body
+    # (prometheus_client's parser appends _total to a counter's samples; on the wire they have DCGM's name)
+    samples = [ln.split("{")[0] for ln in body.splitlines() if ln.startswith("DCGM_FI_DEV_TOTAL_ENERGY")]
+    assert samples == ["DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"] * 2
+    # ... untyped in OpenMetrics, which requires counter samples to end in _total
+    om = Renderer().render(registry.collect(), openmetrics_format=True).decode()
+    om_families = {f.name: f for f in parse_openmetrics(om)}
+    assert set(om_families) == set(text)
+    assert om_families["DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"].type == "unknown"
 
 
 def test_promtool_only_objects_to_dcgm_exporters_own_naming(snap: Snapshot) -> None:
@@ -242,7 +273,7 @@ def test_promtool_only_objects_to_dcgm_exporters_own_naming(snap: Snapshot) -> N
     snap = dataclasses.replace(snap, events=events(snap, gpu0=(79, 1.0)))
     registry = build_registry(lambda: snap)
     registry.register(DcgmCompatCollector(lambda: snap, hostname=HOST))
-    body = generate_latest(registry).decode()
+    body = Renderer().render(registry.collect(), openmetrics_format=False).decode()
     check = subprocess.run([promtool, "check", "metrics"], input=body, capture_output=True, text=True)
     complaints = [line for line in (check.stdout + check.stderr).splitlines() if line.strip()]
     assert check.returncode in (0, 3), complaints  # 1 would be a parse error; 3 is lint only
