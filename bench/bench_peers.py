@@ -217,7 +217,7 @@ def run_gpumon(profile: str, port: int) -> None:
 
     sim = make_sim(profile)
     rec = Recorder()
-    common.simulated_backend = lambda spec, settings: NvmlBackend(sim)  # type: ignore[assignment]
+    common.simulated_backend = lambda spec, settings, wrap=None: NvmlBackend(sim)  # type: ignore[assignment]
     opened = serve.open_sampler
 
     def open_sampler(*args: Any, **kwargs: Any) -> Any:

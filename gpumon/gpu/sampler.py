@@ -1,4 +1,5 @@
-"""Background sampling: one long-lived worker thread per GPU, a coordinator that enforces a deadline.
+"""Background sampling: one long-lived worker thread per GPU (gpumon.gpu.worker), a coordinator that enforces
+a deadline.
 
 Each sweep the coordinator hands every GPU worker one unit of work (read that GPU), reads the host while
 they run, waits until the deadline, and publishes an immutable Snapshot by swapping a reference. A GPU whose
@@ -9,6 +10,7 @@ vanished is retried with exponential backoff.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -21,6 +23,7 @@ from gpumon.gpu.backend import Backend, Device
 from gpumon.gpu.events import EventsView, EventWatcher
 from gpumon.gpu.snapshot import CollectorStatus, ErrorKey, GpuStatus, Snapshot
 from gpumon.gpu.types import BackendUnavailable, DeviceDown, DriverInfo, ReadResult
+from gpumon.gpu.worker import GpuWorker
 from gpumon.host import HostReading, HostSampler
 
 log = logging.getLogger("gpumon.sampler")
@@ -31,55 +34,9 @@ DISCOVERY_EVERY = 30.0
 ERROR_LOG_EVERY = 300.0  # a recurring error is logged on first sight, then at most this often
 
 
-class _Worker:
-    """Owns one GPU: only this thread calls the backend for it."""
-
-    def __init__(self, device: Device, backend: Backend, done: threading.Condition) -> None:
-        self.device = device
-        self.backend = backend
-        self.done = done
-        self.busy = False
-        self.seq = 0
-        self.deadline = 0.0
-        self.result: ReadResult | BaseException | None = None
-        self.result_seq = 0
-        self.started = 0.0
-        self.finished = 0.0
-        self.reopen = False  # set by the coordinator while the GPU is down
-        self.stopping = False
-        self._go = threading.Event()
-        self.thread = threading.Thread(
-            target=self._run, name=f"gpumon-gpu-{device.info.index}", daemon=True
-        )  # daemon: a call hung in the driver must not keep the process alive at exit
-        self.thread.start()
-
-    def request(self, seq: int, deadline: float, reopen: bool) -> None:
-        self.seq, self.deadline, self.reopen, self.busy = seq, deadline, reopen, True
-        self.started = time.monotonic()
-        self._go.set()
-
-    def stop(self) -> None:
-        self.stopping = True
-        self._go.set()
-
-    def _run(self) -> None:
-        while True:
-            self._go.wait()
-            self._go.clear()
-            if self.stopping:
-                return
-            result: ReadResult | BaseException
-            try:
-                if self.reopen:
-                    self.backend.reopen(self.device)
-                result = self.backend.read(self.device, self.deadline)
-            except Exception as exc:  # handed to the coordinator, which counts and logs it
-                result = exc
-            with self.done:
-                self.result, self.result_seq = result, self.seq
-                self.finished = time.monotonic()
-                self.busy = False
-                self.done.notify_all()
+def _pids(st: GpuStatus) -> tuple[int, ...] | None:
+    procs = st.reading.processes if st.reading is not None else None
+    return None if procs is None else tuple(p.pid for p in procs)
 
 
 class _GpuHealth:
@@ -121,7 +78,7 @@ class Sampler:
         self.events = events  # the NVML event watcher, started and stopped with sampling
         self.attributor = attributor  # who owns each GPU process
         self._done = threading.Condition()
-        self._workers: list[_Worker] = []
+        self._workers: list[GpuWorker] = []
         self._health: dict[str, _GpuHealth] = {}
         self._errors: dict[ErrorKey, int] = {}
         self._error_logged: dict[ErrorKey, float] = {}
@@ -271,7 +228,7 @@ class Sampler:
     def _add(self, devices: Sequence[Device]) -> None:
         for dev in devices:
             self._health[dev.info.uuid] = _GpuHealth()  # before the worker is visible to a sweep
-        added = [_Worker(dev, self.backend, self._done) for dev in devices]
+        added = [GpuWorker(dev, self.backend, self._done) for dev in devices]
         # a new list swapped in whole: a sweep running on another thread iterates the old one undisturbed
         self._workers = sorted([*self._workers, *added], key=lambda w: w.device.info.index)
 
@@ -314,7 +271,7 @@ class Sampler:
             return self._publish(self._snapshot_without_gpus(seq))
         workers = list(self._workers)
         events = self.events.view() if self.events is not None else None
-        asked: list[_Worker] = []
+        asked: list[GpuWorker] = []
         with self._done:
             for w in workers:
                 health = self._health[w.device.info.uuid]
@@ -326,13 +283,9 @@ class Sampler:
                 asked.append(w)
 
         host, host_status = self._read_host()
-
-        with self._done:
-            self._done.wait_for(
-                lambda: all(w.result_seq == seq for w in asked), timeout=max(0.0, deadline - time.monotonic())
-            )
+        done = self._collect(asked, workers, seq, deadline, events)
         gpu_elapsed = time.monotonic() - started
-        statuses = tuple(self._status(w, seq, w in asked, events) for w in workers)
+        statuses = tuple(done.get(id(w)) or self._status(w, seq, w in asked, events) for w in workers)
         self._maybe_discover(now)
         owners, owners_status = self._attribute(statuses)
 
@@ -357,6 +310,55 @@ class Sampler:
             owners=owners,
         )
         return self._publish(snap)
+
+    def _collect(
+        self,
+        asked: list[GpuWorker],
+        workers: list[GpuWorker],
+        seq: int,
+        deadline: float,
+        events: EventsView | None,
+    ) -> dict[int, GpuStatus]:
+        """Wait for the asked GPUs until the deadline, and publish each one's reading as soon as it is in:
+        the latest snapshot with that GPU replaced, so a change is visible one GPU read after it is read, not
+        after the slowest GPU, the host and attribution. Listeners still get one snapshot per sweep.
+
+        A GPU whose compute processes changed waits for the sweep's end: its new processes need their owners
+        (attribution runs over every GPU at once), and a series published without them would be replaced by
+        one with them, a series for a few milliseconds."""
+        done: dict[int, GpuStatus] = {}
+        pending = list(asked)
+        while pending:
+            with self._done:
+                self._done.wait_for(
+                    lambda: any(w.result_seq == seq for w in pending),
+                    timeout=max(0.0, deadline - time.monotonic()),
+                )
+                finished = [w for w in pending if w.result_seq == seq]
+            if not finished:  # the deadline passed
+                break
+            for w in finished:
+                pending.remove(w)
+                done[id(w)] = self._status(w, seq, True, events)
+            self._publish_early([done[id(w)] for w in finished], workers)
+        return done
+
+    def _publish_early(self, fresh: list[GpuStatus], workers: list[GpuWorker]) -> None:
+        prev = self._snapshot
+        if prev is None or len(prev.gpus) != len(workers):
+            return
+        index = {st.info.uuid: i for i, st in enumerate(prev.gpus)}
+        gpus = list(prev.gpus)
+        changed = False
+        for st in fresh:
+            i = index.get(st.info.uuid)
+            if i is None or not st.up or not gpus[i].up or _pids(st) != _pids(gpus[i]):
+                continue  # new, down, just back, or with other processes: at the sweep's end
+            gpus[i] = st
+            changed = True
+        if changed:
+            # a reference swap, as _publish; not a sweep: no listeners, no freshness bookkeeping
+            self._snapshot = dataclasses.replace(prev, gpus=tuple(gpus))
 
     def _snapshot_without_gpus(self, seq: int) -> Snapshot:
         """What a sweep sees while the backend has not started: the host, and the gpu collector failing."""
@@ -412,7 +414,7 @@ class Sampler:
             return None, CollectorStatus("host", False, time.monotonic() - t0)
         return reading, CollectorStatus("host", True, time.monotonic() - t0)
 
-    def _status(self, w: _Worker, seq: int, asked: bool, events: EventsView | None) -> GpuStatus:
+    def _status(self, w: GpuWorker, seq: int, asked: bool, events: EventsView | None) -> GpuStatus:
         dev = w.device
         info = dev.info
         health = self._health[info.uuid]

@@ -99,6 +99,52 @@ def test_a_hung_call_misses_the_deadline_without_stalling_the_others(sims, sampl
         assert time.monotonic() < deadline, "the GPU did not come back after its call returned"
 
 
+def test_each_gpu_is_published_as_soon_as_it_is_read(sims, samplers) -> None:
+    """A scrape during a sweep sees a GPU's new reading once that GPU is read, not after the slowest GPU;
+    listeners (the training flow) still get one snapshot per sweep, the complete one."""
+    sim = sims("2xH100-SXM", static=True)
+    sampler = samplers(sim, interval=2.0, timeout=2.0)
+    heard: list[object] = []
+    sampler.listeners.append(heard.append)
+    first = sampler.sweep()
+    sim.faults.add("slow:1:nvmlDeviceGetTemperature=0.4")  # GPU 1's read takes 0.4 s longer
+    sim.gpus[0].state.temp_c = 55.0
+    sweeping = threading.Thread(target=sampler.sweep)
+    sweeping.start()
+    try:
+        end = time.monotonic() + 3
+        while (snap := sampler.snapshot) is first or snap.gpus[0].reading.temperature_celsius != 55.0:
+            assert time.monotonic() < end, "GPU 0's reading was never published"
+            time.sleep(0.005)
+        assert sweeping.is_alive(), "GPU 0 should be visible while GPU 1 is still being read"
+        assert snap.gpus[1].reading is first.gpus[1].reading and snap.sweep == first.sweep
+    finally:
+        sweeping.join()
+    final = sampler.snapshot
+    assert final.sweep == first.sweep + 1 and final.gpus[1].reading is not first.gpus[1].reading
+    assert heard == [first, final]
+
+
+def test_a_gpu_whose_processes_changed_waits_for_their_owners(sims, samplers) -> None:
+    from gpumon.gpu.sim.device import SimProcess
+
+    sim = sims("2xH100-SXM", static=True)
+    sampler = samplers(sim, interval=2.0, timeout=2.0)
+    first = sampler.sweep()
+    sim.faults.add("slow:1:nvmlDeviceGetTemperature=0.3")
+    sim.gpus[0].processes = [SimProcess(4242, 2**30)]
+    seen = []
+    sweeping = threading.Thread(target=sampler.sweep)
+    sweeping.start()
+    while sweeping.is_alive():
+        seen.append(sampler.snapshot)
+        time.sleep(0.005)
+    sweeping.join()
+    early = [s for s in seen if s.sweep == first.sweep]
+    assert early and all(4242 not in [p.pid for p in s.gpus[0].reading.processes] for s in early)
+    assert [p.pid for p in sampler.snapshot.gpus[0].reading.processes] == [4242]
+
+
 def test_transient_errors_are_counted_by_op_and_kind(sims, samplers) -> None:
     sim = sims("2xH100-SXM", static=True)
     sim.faults.add("error:0:nvmlDeviceGetTemperature=Timeout")

@@ -247,32 +247,36 @@ class NvmlBackend:
 
         # first: the batch carries quantities that would otherwise need calls of their own
         fields = fieldvalues.read(c, per_link="nvlink-links" in self.details)
-        util = c.call("utilization", "nvmlDeviceGetUtilizationRates", h)
-        encoder = c.call("encoder_utilization", "nvmlDeviceGetEncoderUtilization", h)
-        decoder = c.call("decoder_utilization", "nvmlDeviceGetDecoderUtilization", h)
-        mem = self._memory(c)
         power = self._folded(c, fields, "power", "nvmlDeviceGetPowerUsage")
         power_limit = self._folded(c, fields, "power_limit", "nvmlDeviceGetEnforcedPowerLimit")
         energy = self._folded(c, fields, "energy", "nvmlDeviceGetTotalEnergyConsumption")
-        temp = c.call("temperature", "nvmlDeviceGetTemperature", h, pynvml.NVML_TEMPERATURE_GPU)
-        sm_clock = c.call("sm_clock", "nvmlDeviceGetClockInfo", h, pynvml.NVML_CLOCK_SM)
-        mem_clock = c.call("memory_clock", "nvmlDeviceGetClockInfo", h, pynvml.NVML_CLOCK_MEM)
-        reasons = self._throttle_reasons(c)
-        pstate = (
-            c.call("performance_state", "nvmlDeviceGetPerformanceState", h)
-            if "device-state" in self.details
-            else None
-        )
-        fan = c.call("fan", "nvmlDeviceGetFanSpeed", h)
-        link_gen, link_width = self._pcie_link(c)
         replays = self._folded(c, fields, "pcie_replays", "nvmlDeviceGetPcieReplayCounter")
         ecc = [*self._ecc(c, fields, "ecc"), *self._ecc(c, fields, "ecc_lifetime")]
         remap = self._folded(c, fields, "remapped_rows", "nvmlDeviceGetRemappedRows")
         if dev.info.nvlink_count:
             fieldvalues.link_states(c, fields, self.nvlink_state_every)
+        # then what changes slowly or is averaged by the driver anyway: profiling (a difference of two
+        # samples), processes, MIG, memory, video engines, the PCIe link
         profiling = self._profiling(c)
         procs = processes.read(c, "process-utilization" in self.details) if self.processes else None
         migs = mig.read(c, self.clock(), profiling=self.gpm and self.profiler is None)
+        mem = self._memory(c)
+        encoder = c.call("encoder_utilization", "nvmlDeviceGetEncoderUtilization", h)
+        decoder = c.call("decoder_utilization", "nvmlDeviceGetDecoderUtilization", h)
+        fan = c.call("fan", "nvmlDeviceGetFanSpeed", h)
+        link_gen, link_width = self._pcie_link(c)
+        pstate = (
+            c.call("performance_state", "nvmlDeviceGetPerformanceState", h)
+            if "device-state" in self.details
+            else None
+        )
+        # last, just before the reading is published (the sampler publishes each GPU as soon as it is read):
+        # the instantaneous gauges, so that they are as fresh as the read allows
+        reasons = self._throttle_reasons(c)
+        sm_clock = c.call("sm_clock", "nvmlDeviceGetClockInfo", h, pynvml.NVML_CLOCK_SM)
+        mem_clock = c.call("memory_clock", "nvmlDeviceGetClockInfo", h, pynvml.NVML_CLOCK_MEM)
+        temp = c.call("temperature", "nvmlDeviceGetTemperature", h, pynvml.NVML_TEMPERATURE_GPU)
+        util = c.call("utilization", "nvmlDeviceGetUtilizationRates", h)
         pcie_tx_rate, pcie_rx_rate = pcie.finish(c, pcie_rates, deadline)
         dev.reads += 1
 
