@@ -255,6 +255,23 @@ def test_nvlink_link_state_comes_with_the_batch_every_read(sims) -> None:
     assert dev.capabilities()["nvlink_state"] == "supported"
 
 
+def test_a_failed_state_read_is_counted_and_is_not_a_link_down(sims) -> None:
+    """A transient error on a link's state (in the batch or by its own call) keeps the last known state, so
+    gpumon_gpu_nvlink_links_up does not dip for one bad read."""
+    for batch in (True, False):
+        sim = sims("1xH100-SXM", static=True)
+        if not batch:
+            sim.gpus[0].unsupported.add(pynvml.NVML_FI_DEV_NVLINK_GET_STATE)
+        backend = NvmlBackend(sim, nvlink_state_every=1)
+        (dev,) = backend.open()
+        assert all(link.up for link in backend.read(dev, FAR).reading.nvlinks)
+        fault = sim.faults.add("error:0:nvmlDeviceGetNvLinkState=Unknown")
+        result = backend.read(dev, FAR)
+        assert all(link.up for link in result.reading.nvlinks), batch
+        assert any(e.kind == "Unknown" for e in result.errors), batch
+        sim.faults.remove(fault)
+
+
 def test_without_the_state_field_link_state_is_called_for_every_n_reads(sims) -> None:
     sim = sims("1xH100-SXM", static=True)
     sim.gpus[0].unsupported.add(pynvml.NVML_FI_DEV_NVLINK_GET_STATE)  # an older driver

@@ -164,7 +164,12 @@ def link_states(c: Calls, fields: Fields, every: int) -> None:
         return
     if dev.support.get(FOLD + "nvlink_state") not in SKIP:
         states = [fields.get((FI_NVLINK_STATE, link)) for link in range(dev.info.nvlink_count)]
-        dev.link_states = [None if s is None else int(s) in LINK_UP_STATES for s in states]
+        # a link whose entry failed this sweep (counted by read()) keeps its last known state: one failed
+        # read is not a link down
+        dev.link_states = [
+            old if s is None else int(s) in LINK_UP_STATES
+            for s, old in zip(states, dev.link_states, strict=True)
+        ]
         if any(s is not None for s in states) and dev.support.get("nvlink_state") is not Support.SUPPORTED:
             dev.set_support("nvlink_state", Support.SUPPORTED)
         return
@@ -182,10 +187,10 @@ def read_link_states(c: Calls) -> None:
         try:
             state = c.nv.nvmlDeviceGetNvLinkState(dev.handle, link)
         except Exception as exc:  # classified below; none escapes
-            dev.link_states[link] = None
-            if error_kind(exc) in ABSENT_ERRORS:
+            if error_kind(exc) in ABSENT_ERRORS:  # an inactive link
+                dev.link_states[link] = None
                 absent += 1
-            else:
+            else:  # counted; the link keeps its last known state, as in the batch
                 c.failed("nvlink_state", "nvmlDeviceGetNvLinkState", exc)
             continue
         finally:
