@@ -129,9 +129,8 @@ def add_common_options(p: argparse.ArgumentParser, *, gpus: bool = True) -> None
         action="append",
         default=[],
         metavar="NAME[,NAME]",
-        help="opt-in detail beyond the default series budget: nvlink-links, throttle-reasons, "
-        "process-utilization, profiling-detail, event-types, ecc-lifetime, device-state, sampler-timing, or "
-        "all (repeatable; docs/metrics.md says what each adds)",
+        help=f"opt-in detail beyond the default series budget: {', '.join(DETAILS)}, or all (repeatable; "
+        "docs/metrics.md says what each adds)",
     )
 
 

@@ -200,13 +200,17 @@ def _validate_telemetry(raw: Mapping[str, Any], s: Settings) -> None:
         s.compat = text_setting(raw, "compat").lower()
         if s.compat not in COMPAT:
             raise ConfigError(f"compat: expected one of {', '.join(COMPAT)}, got {raw['compat']!r}")
-    if raw.get("compat_hostname_label"):
-        s.compat_hostname_label = text_setting(raw, "compat_hostname_label")
+    if "compat_hostname_label" in raw:
+        s.compat_hostname_label = text_setting(raw, "compat_hostname_label").strip()
         if s.compat_hostname_label not in ("Hostname", "hostname"):
             raise ConfigError(
                 f"compat-hostname-label: expected Hostname or hostname, got {raw['compat_hostname_label']!r}"
             )
-    if raw.get("collect"):
+        if s.compat != "dcgm" and s.compat_hostname_label != "Hostname":  # the default changes nothing
+            raise ConfigError(
+                "compat-hostname-label: names a label of the --compat dcgm series; add --compat dcgm"
+            )
+    if "collect" in raw:
         s.collect = _details(raw["collect"])
 
 
@@ -221,11 +225,11 @@ def _details(value: object) -> list[str]:
         if not isinstance(item, str):
             raise ConfigError(f"collect: expected names such as nvlink-links, got {item!r}")
         names += [n.strip().lower() for n in item.split(",") if n.strip()]
+    for name in names:
+        if name not in DETAILS and name != ALL_DETAILS:
+            raise ConfigError(f"collect: unknown {name!r} (known: {', '.join(DETAILS)}, {ALL_DETAILS})")
     if ALL_DETAILS in names:
         return list(DETAILS)
-    for name in names:
-        if name not in DETAILS:
-            raise ConfigError(f"collect: unknown {name!r} (known: {', '.join(DETAILS)}, {ALL_DETAILS})")
     return sorted(set(names), key=list(DETAILS).index)
 
 

@@ -99,7 +99,9 @@ def _add_gpu(f: Families, st: GpuStatus) -> None:
     if r.throttle_reasons is not None:
         every = "throttle-reasons" in f.details
         for bit, reason, _ in THROTTLE_REASONS:
-            if every or (reason in _COSTLY_REASONS and reason not in r.throttle_seconds):
+            # by what the GPU supports, not by this read: a failed batch must not make series come and go
+            counted = st.capabilities.get(f"throttle_time:{reason}") in ("supported", "error")
+            if every or (reason in _COSTLY_REASONS and not counted):
                 f.add(M.THROTTLE_ACTIVE, [*gl, reason], 1 if r.throttle_reasons & bit else 0)
     for reason, seconds in r.throttle_seconds.items():
         f.add(M.THROTTLE_SECONDS, [*gl, reason], seconds)

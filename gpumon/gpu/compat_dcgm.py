@@ -264,10 +264,14 @@ def _labels(st: GpuStatus, hostname: str, driver: str, host_label: str = "Hostna
 
 
 def build_families(
-    snap: Snapshot, hostname: str, previous: Snapshot | None = None, host_label: str = "Hostname"
+    snap: Snapshot,
+    hostname: str,
+    before: Mapping[str, GpuReading] | None = None,
+    host_label: str = "Hostname",
 ) -> list[Metric]:
+    """``before``: each GPU's reading before its current one (by UUID), for the NVLink rate."""
     f = {m.name: m.family() for m in MAPPING}
-    before = {st.info.uuid: st.reading for st in previous.gpus} if previous is not None else {}
+    before = before or {}
     for st in snap.gpus:
         labels = _labels(st, hostname, snap.driver.driver_version, host_label)
         r = st.reading
@@ -288,7 +292,11 @@ def build_families(
 
 
 class DcgmCompatCollector(PerSnapshotCollector):
-    """dcgm-exporter's series over whatever snapshot ``source`` returns."""
+    """dcgm-exporter's series over whatever snapshot ``source`` returns.
+
+    The NVLink rate differences each GPU's current reading against the one before it. Snapshots come more
+    often than readings (the sampler publishes each GPU as it is read, into the latest snapshot), so the pair
+    is kept per GPU and moves on only when that GPU's reading does."""
 
     def __init__(
         self,
@@ -299,13 +307,21 @@ class DcgmCompatCollector(PerSnapshotCollector):
         super().__init__(source)
         self.hostname = node_hostname() if hostname is None else hostname
         self.host_label = host_label
+        self._current: dict[str, GpuReading] = {}
+        self._before: dict[str, GpuReading] = {}
 
     def describe(self) -> list[Metric]:
         """Every family this collector can yield, for name[] filtering and the registry's duplicate check."""
         return [m.family() for m in MAPPING]
 
     def build(self, snap: Snapshot, previous: Snapshot | None) -> list[Metric]:
-        return build_families(snap, self.hostname, previous, self.host_label)
+        for st in snap.gpus:
+            uuid, r = st.info.uuid, st.reading
+            if r is not None and r is not self._current.get(uuid):
+                if uuid in self._current:
+                    self._before[uuid] = self._current[uuid]
+                self._current[uuid] = r
+        return build_families(snap, self.hostname, self._before, self.host_label)
 
 
 _INTRO = """# dcgm-exporter compatibility (`--compat dcgm`)

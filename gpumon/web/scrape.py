@@ -136,6 +136,8 @@ class ScrapeCache:
             if samples:
                 part = Metric(family.name, family.documentation, family.type)
                 part.samples = samples
+                if hasattr(family, "text_type"):  # a DCGM counter: typed as in the full scrape
+                    part.text_type = family.text_type  # type: ignore[attr-defined]
                 chosen.append(part)
         body = self._renderer.render(chosen, openmetrics_format=fmt.openmetrics, dots=fmt.dots)
         return gzip.compress(body, compresslevel=GZIP_LEVEL) if gzipped else body

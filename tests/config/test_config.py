@@ -271,15 +271,21 @@ def test_a_config_file_that_is_no_config_stops_startup_with_one_line(
 
 def test_compat_hostname_label_takes_either_spelling_of_dcgm_exporter_and_nothing_else() -> None:
     assert resolve({}, env={}).compat_hostname_label == "Hostname"
-    assert resolve({}, env={"GPUMON_COMPAT_HOSTNAME_LABEL": "hostname"}).compat_hostname_label == "hostname"
+    env = {"GPUMON_COMPAT": "dcgm", "GPUMON_COMPAT_HOSTNAME_LABEL": " hostname"}
+    assert resolve({}, env=env).compat_hostname_label == "hostname"
     with pytest.raises(ConfigError, match="expected Hostname or hostname"):
-        resolve({"compat_hostname_label": "HOSTNAME"}, env={})
+        resolve({"compat_hostname_label": "HOSTNAME", "compat": "dcgm"}, env={})
+    with pytest.raises(ConfigError, match="add --compat dcgm"):  # a setting that would do nothing
+        resolve({"compat_hostname_label": "hostname"}, env={})
+    with pytest.raises(ConfigError, match="unknown 'bogus'"):
+        resolve({"collect": ["all,bogus"]}, env={})
 
 
 def test_collect_from_a_config_file_list(tmp_path: Path) -> None:
     path = tmp_path / "gpumon.toml"
     path.write_text('collect = ["nvlink-links", "device-state"]\n')
     assert resolve({"config": str(path)}, env={}).collect == ["nvlink-links", "device-state"]
-    path.write_text("collect = [3]\n")
-    with pytest.raises(ConfigError, match="collect: expected names"):
-        resolve({"config": str(path)}, env={})
+    for bad in ("[3]", "0", "false"):
+        path.write_text(f"collect = {bad}\n")
+        with pytest.raises(ConfigError, match="collect: expected names"):
+            resolve({"config": str(path)}, env={})

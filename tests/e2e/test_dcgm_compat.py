@@ -83,7 +83,11 @@ def test_dcgm_exporters_default_counters_and_dashboard_12239_against_real_promet
                 continue
             assert seen.get(name) == ("gauge" if kind == "gauge" else "unknown"), (name, seen.get(name))
             assert f"# TYPE {name} {kind}\n" in text, name
-
+        one = "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"  # a filtered scrape types it as the full one does
+        filtered = httpx.get(
+            daemon.url + "/metrics", params={"name[]": one}, headers={"Accept": "text/plain;version=0.0.4"}
+        ).text
+        assert f"# TYPE {one} counter\n" in filtered
         # the dashboard, with its variables at "All"
         empty = []
         for query in dashboard_queries():

@@ -223,6 +223,9 @@ def test_nvlink_bandwidth_is_a_mib_per_second_rate_between_snapshots(snap: Snaps
     assert bandwidth() == {}  # the first scrape has nothing to difference
     current[0] = with_nvlink(snap, 1002.0, 110 * MiB, 220 * MiB)
     assert bandwidth()["0"] == 150.0  # (100 + 200) MiB over 2 s, tx + rx
+    # the sampler publishes GPUs one by one: a new snapshot holding the same reading keeps the same rate
+    current[0] = dataclasses.replace(current[0], gpus=tuple(current[0].gpus))
+    assert bandwidth()["0"] == 150.0
     current[0] = with_nvlink(snap, 1003.0, 1 * MiB, 1 * MiB)
     assert "0" not in bandwidth()  # counters reset (driver reload): no value rather than a negative one
 

@@ -257,19 +257,44 @@ def test_nvlink_link_state_comes_with_the_batch_every_read(sims) -> None:
 
 def test_a_failed_state_read_is_counted_and_is_not_a_link_down(sims) -> None:
     """A transient error on a link's state (in the batch or by its own call) keeps the last known state, so
-    gpumon_gpu_nvlink_links_up does not dip for one bad read."""
-    for batch in (True, False):
+    gpumon_gpu_nvlink_links_up does not dip for one bad read; an error that persists makes the state unknown
+    (no series) rather than the last known state forever."""
+    for batch, tries in ((True, 10), (False, 2)):  # the batch every read (10 = every), the calls every read
         sim = sims("1xH100-SXM", static=True)
         if not batch:
             sim.gpus[0].unsupported.add(pynvml.NVML_FI_DEV_NVLINK_GET_STATE)
-        backend = NvmlBackend(sim, nvlink_state_every=1)
+        backend = NvmlBackend(sim, nvlink_state_every=10 if batch else 1)
         (dev,) = backend.open()
         assert all(link.up for link in backend.read(dev, FAR).reading.nvlinks)
-        fault = sim.faults.add("error:0:nvmlDeviceGetNvLinkState=Unknown")
-        result = backend.read(dev, FAR)
-        assert all(link.up for link in result.reading.nvlinks), batch
-        assert any(e.kind == "Unknown" for e in result.errors), batch
-        sim.faults.remove(fault)
+        sim.faults.add("error:0:nvmlDeviceGetNvLinkState=Unknown")
+        sim.gpus[0].state.link_up[3] = False  # goes down while its state cannot be read
+        for _ in range(tries - 1):
+            result = backend.read(dev, FAR)
+            assert all(link.up for link in result.reading.nvlinks), batch
+            assert any(e.kind == "Unknown" for e in result.errors), batch
+        assert all(link.up is None for link in backend.read(dev, FAR).reading.nvlinks), batch
+        sim.faults.clear()
+        assert [link.up for link in backend.read(dev, FAR).reading.nvlinks].count(False) == 1, batch
+
+
+def test_an_inactive_link_in_the_batch_is_not_up_and_keeps_the_batch(sims) -> None:
+    sim = sims("1xH100-SXM", static=True)
+    real = sim._folded_field
+
+    def one_inactive(gpu, fid, scope=0):
+        if fid == pynvml.NVML_FI_DEV_NVLINK_GET_STATE and scope == 17:
+            return pynvml.NVML_ERROR_NOT_SUPPORTED, 0, 0
+        return real(gpu, fid, scope)
+
+    sim._folded_field = one_inactive  # type: ignore[method-assign]
+    backend = NvmlBackend(sim)
+    (dev,) = backend.open()
+    backend.read(dev, FAR)
+    version = dev.support_version
+    for _ in range(3):
+        links = backend.read(dev, FAR).reading.nvlinks
+        assert links[17].up is None and all(link.up for link in links[:17])
+    assert dev.support_version == version, "the batch's capability flips every read"
 
 
 def test_without_the_state_field_link_state_is_called_for_every_n_reads(sims) -> None:
@@ -453,6 +478,25 @@ def test_a_driver_without_those_fields_is_read_with_their_own_calls(sims) -> Non
     assert (r.power_watts, r.power_limit_watts) == (650.5, 700.0)
     assert [link.up for link in r.nvlinks] == [True] * 17 + [False]
     assert r.ecc_corrected_errors is not None and r.remapped_rows_correctable is not None
+
+
+def test_a_failed_batch_falls_back_to_the_calls_for_that_read(sims) -> None:
+    """One failed nvmlDeviceGetFieldValues must not take power, energy, ECC and the rest with it: for that
+    read the folded quantities are asked with their own calls, and the batch is tried again next time."""
+    sim = sims("1xH100-SXM", static=True)
+    set_state(sim)
+    backend, (dev,) = opened(sim)
+    backend.read(dev, FAR)
+    fault = sim.faults.add("error:0:nvmlDeviceGetFieldValues=Unknown")
+    result = backend.read(dev, FAR)
+    r = result.reading
+    assert (r.power_watts, r.power_limit_watts) == (650.5, 700.0)
+    assert r.energy_joules == pytest.approx(123_456.789) and r.ecc_corrected_errors == 4
+    assert ("nvmlDeviceGetFieldValues", "Unknown") in [(e.op, e.kind) for e in result.errors]
+    assert all(link.up is not None for link in r.nvlinks[:17])  # link states: the last known
+    sim.faults.remove(fault)
+    ops, _ = _ops_of_a_read(sim)
+    assert ops.count("nvmlDeviceGetFieldValues") == 1 and not FOLDED_OPS & set(ops)
 
 
 def test_folding_hides_nothing_a_board_lacks(sims) -> None:

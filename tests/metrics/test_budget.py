@@ -130,3 +130,16 @@ def test_collect_names_are_checked_and_all_expands() -> None:
     s = resolve({"collect": ["nvlink-links,ecc-lifetime", "ecc-lifetime"]}, env={})
     assert s.collect == ["nvlink-links", "ecc-lifetime"]
     assert resolve({}, env={"GPUMON_COLLECT": "all"}).collect == list(M.DETAILS)
+
+
+def test_the_default_throttle_series_follow_what_the_gpu_supports_not_one_read(h100_snapshot) -> None:
+    """hw_slowdown has no cumulative counter anywhere; the other costly reasons have one on an H100. A read
+    whose batch failed (no throttle time this once) must not make their 0/1 series appear for a sweep."""
+    import dataclasses
+
+    st = h100_snapshot.gpus[0]
+    assert st.reading is not None and st.reading.throttle_seconds
+    failed = dataclasses.replace(st, reading=dataclasses.replace(st.reading, throttle_seconds={}))
+    snap = dataclasses.replace(h100_snapshot, gpus=(failed,))
+    fams = {f.name: f for f in build_families(snap)}
+    assert {s.labels["reason"] for s in fams["gpumon_gpu_throttle_active"].samples} == {"hw_slowdown"}

@@ -193,6 +193,7 @@ def parse(text: str) -> dict[Series, float]:
 
 
 _LINE = re.compile(r"^(gpumon_gpu_up|gpumon_process_info|gpumon_training_rank_info)\{([^}]*)\} (\S+)", re.M)
+_SERIES = re.compile(r"^([a-zA-Z_:][\w:]*)(\{[^}]*\})? ", re.M)  # every sample line: name and label set
 _LABEL = re.compile(r'(\w+)="([^"]*)"')
 
 
@@ -211,8 +212,13 @@ class Scraper:
         self.pids: set[tuple[str, str]] = set()  # (GPU, pid) of the node's job processes
         self.sdk_jobs: set[str] = set()  # SDK jobs seen with series
         self.trace: list[tuple[float, Footprint, int]] = []  # (monotonic, footprint, series) per scrape
+        # churn: series that appeared or went between consecutive scrapes, by family
+        self.live: set[tuple[str, str]] | None = None
+        self.created: Counter[str] = Counter()
+        self.dropped: Counter[str] = Counter()
 
     def observe(self, text: str) -> None:
+        now = set(_SERIES.findall(text))
         for name, labels, value in _LINE.findall(text):
             got = dict(_LABEL.findall(labels))
             if name == "gpumon_gpu_up" and float(value) == 0:
@@ -221,6 +227,10 @@ class Scraper:
                 self.pids.add((got["gpu"], got["pid"]))
             elif name == "gpumon_training_rank_info":
                 self.sdk_jobs.add(got["job_name"])
+        if self.live is not None:
+            self.created.update(name for name, _ in now - self.live)
+            self.dropped.update(name for name, _ in self.live - now)
+        self.live = now
 
     def get(self) -> str | None:
         t0 = time.monotonic()
@@ -424,6 +434,9 @@ class Result:
             ),
             "rss_growth_second_half_mib": round(self.rss_growth_second_half() / 2**20, 2),
             "cumulative_series_added": self.cumulative_added(),
+            "series_created": sum(self.scraper.created.values()),
+            "series_dropped": sum(self.scraper.dropped.values()),
+            "churn_by_family": dict(self.scraper.created.most_common(12)),
             "problems": len(self.problems()),
         }
 

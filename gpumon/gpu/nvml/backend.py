@@ -229,6 +229,7 @@ class NvmlBackend:
         device.info = info
         device.support_version += 1
         device.link_states = [None] * info.nvlink_count
+        device.link_state_failures = 0
         device.fields_version = -1
         device.mig_devices = None  # a reset may come with a new MIG layout
         device.mig_enabled = None

@@ -42,6 +42,7 @@ class NvmlDevice(Device):
         self.handle = handle
         self.reads = 0
         self.link_states: list[bool | None] = [None] * info.nvlink_count
+        self.link_state_failures = 0  # reads in a row in which a link's state entry in the batch failed
         self.fields: list[tuple[str, int, int]] = []
         self.fields_version = -1
         self.pcie_pool: DaemonPool | None = None

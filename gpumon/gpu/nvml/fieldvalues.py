@@ -50,6 +50,12 @@ FOLD = "fold:"  # capability key prefix: whether the batch carries the quantity 
 UNFOLDED = object()  # folded() says: the batch does not carry it here; ask its own call
 
 Fields = dict[tuple[int, int], float]
+INACTIVE = -1.0  # a link's state entry answered NOT_SUPPORTED: an inactive link, as its own call says it
+
+
+class Failed(dict[tuple[int, int], float]):
+    """No values: the batch call itself failed this sweep (counted). Folded quantities fall back to their
+    own calls for the sweep, so one failed batch does not take power, energy and ECC with it."""
 
 
 def plan(dev: NvmlDevice, per_link: bool = False) -> list[tuple[str, int, int]]:
@@ -88,16 +94,20 @@ def read(c: Calls, per_link: bool = False) -> Fields:
             # no field API at all: every field quantity is absent
             for quantity, _, _ in wanted:
                 c.absent(quantity, "nvmlDeviceGetFieldValues", Support.NOT_SUPPORTED)
-        return {}
+            return {}
+        return Failed()
     out: Fields = {}
-    unsupported_links = 0
+    unsupported_links = inactive = 0
     for (quantity, fid, scope), (ret, value) in zip(wanted, codec.decode(raw), strict=True):
         if ret == pynvml.NVML_SUCCESS and value is not None:
             out[(fid, scope)] = value
             if dev.support.get(quantity) is not Support.SUPPORTED:
                 dev.set_support(quantity, Support.SUPPORTED)
         elif ret in (pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_NO_PERMISSION):
-            if quantity.startswith(FOLD):
+            if fid == FI_NVLINK_STATE:
+                out[(fid, scope)] = INACTIVE  # one inactive link; all of them: the field is not there
+                inactive += 1
+            elif quantity.startswith(FOLD):
                 # not in the batch here: the quantity's own call decides (and logs) whether it exists
                 dev.set_support(quantity, Support.NOT_SUPPORTED)
             elif quantity == "nvlink_links":
@@ -111,6 +121,8 @@ def read(c: Calls, per_link: bool = False) -> Fields:
             c.errors.append(ReadError(f"nvmlDeviceGetFieldValues[{fid}]", kind))
     if unsupported_links and unsupported_links == 2 * dev.info.nvlink_count:
         c.absent("nvlink_links", "nvmlDeviceGetFieldValues[138]", Support.NOT_SUPPORTED)
+    if inactive and inactive == dev.info.nvlink_count:
+        dev.set_support(FOLD + "nvlink_state", Support.NOT_SUPPORTED)  # its own calls decide, as above
     return out
 
 
@@ -120,7 +132,7 @@ def folded(c: Calls, fields: Fields, quantity: str) -> Any:
     dev = c.dev
     if dev.support.get(quantity) in SKIP:
         return None
-    if dev.support.get(FOLD + quantity) in SKIP:
+    if dev.support.get(FOLD + quantity) in SKIP or isinstance(fields, Failed):
         return UNFOLDED
     got = [fields.get((fid, 0)) for fid in FOLDED[quantity]]
     values = [v for v in got if v is not None]
@@ -162,12 +174,17 @@ def link_states(c: Calls, fields: Fields, every: int) -> None:
     dev = c.dev
     if dev.support.get("nvlink_state") in SKIP:
         return
-    if dev.support.get(FOLD + "nvlink_state") not in SKIP:
+    if dev.support.get(FOLD + "nvlink_state") not in SKIP and not isinstance(fields, Failed):
         states = [fields.get((FI_NVLINK_STATE, link)) for link in range(dev.info.nvlink_count)]
-        # a link whose entry failed this sweep (counted by read()) keeps its last known state: one failed
-        # read is not a link down
+        if any(s is None for s in states):
+            dev.link_state_failures += 1
+        else:
+            dev.link_state_failures = 0
+        # a link whose entry failed (counted by read()) keeps its last known state, one failed read being no
+        # link down; for at most ``every`` reads in a row, after which its state is unknown (no series)
+        stale = dev.link_state_failures >= every
         dev.link_states = [
-            old if s is None else int(s) in LINK_UP_STATES
+            (None if stale else old) if s is None else (None if s == INACTIVE else int(s) in LINK_UP_STATES)
             for s, old in zip(states, dev.link_states, strict=True)
         ]
         if any(s is not None for s in states) and dev.support.get("nvlink_state") is not Support.SUPPORTED:
@@ -182,6 +199,7 @@ def read_link_states(c: Calls) -> None:
     """Link state is read per link: NOT_SUPPORTED on one (an inactive link) leaves the others reported."""
     dev = c.dev
     absent = 0
+    failed: list[int] = []
     for link in range(dev.info.nvlink_count):
         dev.begin("nvmlDeviceGetNvLinkState")
         try:
@@ -190,13 +208,18 @@ def read_link_states(c: Calls) -> None:
             if error_kind(exc) in ABSENT_ERRORS:  # an inactive link
                 dev.link_states[link] = None
                 absent += 1
-            else:  # counted; the link keeps its last known state, as in the batch
+            else:  # counted; the link keeps its last known state until the next try fails too
                 c.failed("nvlink_state", "nvmlDeviceGetNvLinkState", exc)
+                failed.append(link)
             continue
         finally:
             dev.end()
         c.ok += 1
         dev.link_states[link] = state == pynvml.NVML_FEATURE_ENABLED
+    dev.link_state_failures = dev.link_state_failures + 1 if failed else 0
+    if dev.link_state_failures >= 2:
+        for link in failed:
+            dev.link_states[link] = None
     if absent == dev.info.nvlink_count:
         c.absent("nvlink_state", "nvmlDeviceGetNvLinkState", Support.NOT_SUPPORTED)
     elif dev.support.get("nvlink_state") is not Support.SUPPORTED:
