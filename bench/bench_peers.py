@@ -1,9 +1,9 @@
 """gpumon against a peer, side by side in one run: nvitop-exporter (PyPI), on the same fake NVML.
 
-    python bench/bench_peers.py [--seconds 15] [--scrapes 300] [--trials 30] [--calls 200000] [--rounds 15]
+    python bench/bench_peers.py [--seconds 15] [--scrapes 300] [--trials 100] [--calls 200000] [--rounds 15]
                                 [--json FILE]
 
-About 4 minutes with the defaults. Results go to docs/performance.md ("Against a peer").
+About 6 minutes with the defaults. Results go to docs/performance.md ("Against a peer").
 
 Both exporters run as they ship, each in its own process (so its CPU is its own), on loopback, sampling 8
 simulated H100s every 1 s through the same simulator (``SimNvml("8xH100-SXM", static=True)``) with the same
@@ -451,7 +451,6 @@ def freshness(w: Worker, trials: int, rng: random.Random) -> dict[str, Any]:
 
 def peers(seconds: float, scrapes: int, trials: int) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    rng = random.Random(7)
     for i, profile in enumerate(PROFILES):
         order = EXPORTERS if i % 2 == 0 else EXPORTERS[::-1]  # alternate who goes first: drift hits both
         for exporter in order:
@@ -462,7 +461,8 @@ def peers(seconds: float, scrapes: int, trials: int) -> dict[str, Any]:
                 res: dict[str, Any] = {"sampling": sampling(w, seconds)}
                 res["metrics"] = scraping(w, scrapes, res["sampling"].pop("cpu_rate"))
                 if profile == "1ms":
-                    res["freshness"] = freshness(w, trials, rng)
+                    # the same random phases for both exporters: the trials are paired
+                    res["freshness"] = freshness(w, trials, random.Random(7))
             finally:
                 w.close()
             out.setdefault(profile, {})[exporter] = res
@@ -588,7 +588,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seconds", type=float, default=15.0, help="sampling window per exporter and profile")
     p.add_argument("--scrapes", type=int, default=300, help="back-to-back /metrics requests per exporter")
-    p.add_argument("--trials", type=int, default=30, help="freshness trials per exporter")
+    p.add_argument("--trials", type=int, default=100, help="freshness trials per exporter")
     p.add_argument("--calls", type=int, default=200_000, help="SDK: calls per timeit repeat")
     p.add_argument("--rounds", type=int, default=15, help="SDK: rounds, each timing every case once")
     p.add_argument("--json", type=Path, help="also write the raw results here")

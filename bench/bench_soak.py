@@ -60,6 +60,13 @@ def main() -> None:
         "Series the end has and the start had not (cumulative by design, bounded by what happened):",
     ]
     lines += [f"- `{name}`: {n}" for name, n in r.cumulative_added().items()]
+    created, dropped = r.scraper.created, r.scraper.dropped
+    lines += [
+        "",
+        f"Churn over the run: {sum(created.values())} series created and {sum(dropped.values())} dropped "
+        "between consecutive scrapes; created, by family:",
+    ]
+    lines += [f"- `{name}`: {n}" for name, n in created.most_common()]
     trace = r.scraper.trace
     if trace:
         t0 = trace[0][0]
