@@ -29,8 +29,6 @@ import argparse
 import json
 import os
 import re
-import shutil
-import subprocess
 import sys
 import tempfile
 import threading
@@ -47,7 +45,9 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-from support.helpers import free_port, start_daemon  # noqa: E402
+from support.helpers import free_port, require_tool, start_daemon  # noqa: E402
+from support.soak import footprint  # noqa: E402
+from support.stack import Process, start  # noqa: E402
 
 RECORDINGS = int(os.environ.get("GPUMON_SIZING_RECORDINGS", "60"))
 JOB = ["--sim-job", "llama-70b:0-7"]  # an 8-rank training job reporting through the SDK
@@ -124,32 +124,19 @@ class _Handler(BaseHTTPRequestHandler):
         pass
 
 
-def prometheus(config: dict[str, Any], work: Path) -> tuple[subprocess.Popen[bytes], str]:
+def prometheus(config: dict[str, Any], work: Path) -> Process:
+    """Prometheus on a free loopback port with its admin API (for the TSDB snapshot), ready on return."""
     work.mkdir(parents=True, exist_ok=True)
     (work / "prometheus.yml").write_text(yaml.safe_dump(config))
     port = free_port()
-    proc = subprocess.Popen(
-        [
-            shutil.which("prometheus") or "prometheus",
-            f"--config.file={work / 'prometheus.yml'}",
-            f"--storage.tsdb.path={work / 'data'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-            "--web.enable-admin-api",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=(work / "prometheus.log").open("w"),
-    )
-    url = f"http://127.0.0.1:{port}"
-    end = time.monotonic() + 60
-    while time.monotonic() < end:
-        try:
-            if httpx.get(url + "/-/ready").status_code == 200:
-                return proc, url
-        except httpx.TransportError:
-            pass
-        time.sleep(0.2)
-    proc.kill()
-    raise RuntimeError("prometheus did not become ready:\n" + (work / "prometheus.log").read_text()[-2000:])
+    args = [
+        require_tool("prometheus"),
+        f"--config.file={work / 'prometheus.yml'}",
+        f"--storage.tsdb.path={work / 'data'}",
+        f"--web.listen-address=127.0.0.1:{port}",
+        "--web.enable-admin-api",
+    ]
+    return start("prometheus", args, f"http://127.0.0.1:{port}", "/-/ready", work)
 
 
 def own_metric(url: str, name: str) -> float:
@@ -159,21 +146,13 @@ def own_metric(url: str, name: str) -> float:
     raise KeyError(name)
 
 
-def rss(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    return 0
-
-
 def baseline_rss(work: Path, seconds: float) -> int:
-    proc, _ = prometheus({"global": {"scrape_interval": "1s"}, "scrape_configs": []}, work)
+    prom = prometheus({"global": {"scrape_interval": "1s"}, "scrape_configs": []}, work)
     try:
         time.sleep(seconds)
-        return rss(proc.pid)
+        return footprint(prom.proc.pid).rss_bytes
     finally:
-        proc.terminate()
-        proc.wait()
+        prom.stop()
 
 
 def measure(bodies: list[str], nodes: int, seconds: float, interval: float, work: Path) -> dict[str, float]:
@@ -195,12 +174,13 @@ def measure(bodies: list[str], nodes: int, seconds: float, interval: float, work
             }
         ],
     }
-    proc, url = prometheus(config, work)
+    prom = prometheus(config, work)
+    url = prom.url
     try:
         time.sleep(seconds)
         head = own_metric(url, "prometheus_tsdb_head_series")
         appended = own_metric(url, "prometheus_tsdb_head_samples_appended_total")
-        memory = rss(proc.pid)
+        memory = footprint(prom.proc.pid).rss_bytes
         snap = httpx.post(url + "/api/v1/admin/tsdb/snapshot", timeout=120).json()["data"]["name"]
         blocks = [p for p in (work / "data" / "snapshots" / snap).iterdir() if p.is_dir()]
         samples = sum(json.loads((b / "meta.json").read_text())["stats"]["numSamples"] for b in blocks)
@@ -217,8 +197,7 @@ def measure(bodies: list[str], nodes: int, seconds: float, interval: float, work
             "scrapes_expected": nodes * seconds / interval,
         }
     finally:
-        proc.terminate()
-        proc.wait()
+        prom.stop()
         server.shutdown()
 
 
