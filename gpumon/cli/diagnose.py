@@ -66,7 +66,8 @@ def _evidence_lines(diagnosis: dict[str, Any]) -> list[str]:
     lines = []
     for e in diagnosis.get("evidence", []):
         met = {True: "yes", False: "no", None: "not measured"}[e.get("met")]
-        value, threshold = _pct(e.get("value")), _pct(e["threshold"])
+        show = _num if e.get("unit") == "count" else _pct
+        value, threshold = show(e.get("value")), show(e["threshold"])
         lines.append(f"    {e['signal']:<22} {value:>9}  {e['op']} {threshold:>7}  {met}")
     return lines
 
@@ -81,6 +82,8 @@ def render(job: dict[str, Any]) -> str:
         "  Evidence (signal, value, test, threshold, met):",
         *_evidence_lines(d),
     ]
+    if job.get("goodput"):
+        out.append(f"  Goodput: {job['goodput']['summary']}.")
     if d.get("findings"):
         out.append("  Also true: " + ", ".join(f.replace("_", " ") for f in d["findings"]) + ".")
     out += textwrap.wrap("Advice: " + d["advice"], width=100, initial_indent="  ", subsequent_indent="    ")
@@ -97,4 +100,37 @@ def render(job: dict[str, Any]) -> str:
             f"data wait {_pct(phases.get('data_wait'))}, communication {_pct(phases.get('communication'))}, "
             f"straggler {_num(r.get('straggler_score'))} -> {r['diagnosis']['bottleneck'].replace('_', ' ')}"
         )
+        out += _memory_lines(r.get("memory"))
     return "\n".join(out)
+
+
+def _gib(x: object) -> str:
+    return f"{x / 1024**3:.1f} GiB" if isinstance(x, int | float) else "n/a"
+
+
+def _memory_lines(m: dict[str, Any] | None) -> list[str]:
+    """A rank's allocator view, its estimate, the gap and the advice, when it reported any of them."""
+    if not m:
+        return []
+    out = []
+    o = m.get("observed")
+    if o:
+        out.append(
+            f"      memory: {_gib(o.get('allocated_bytes'))} allocated (peak {_gib(o.get('allocated_peak_bytes'))}), "
+            f"{_gib(o.get('reserved_bytes'))} reserved (peak {_gib(o.get('reserved_peak_bytes'))}), "
+            f"{_num(m.get('alloc_retries_total'))} allocation retries, {_num(m.get('ooms_total'))} OOMs"
+        )
+    e = m.get("estimate")
+    if e:
+        out.append(
+            f"      estimate (ZeRO {e['zero_stage']}, micro-batch {e['micro_batch']}): {_gib(e['total_bytes'])} = "
+            f"weights {_gib(e['weights_bytes'])} + gradients {_gib(e['gradients_bytes'])} + optimizer "
+            f"{_gib(e['optimizer_states_bytes'])} + activations {_gib(e['activations_bytes'])}"
+        )
+    elif m.get("estimate_problem"):
+        out.append(f"      no estimate: {m['estimate_problem']}")
+    if m.get("gap"):
+        out += textwrap.wrap(m["gap"], width=100, initial_indent="      ", subsequent_indent="        ")
+    for line in m.get("advice") or []:
+        out += textwrap.wrap("- " + line, width=100, initial_indent="      ", subsequent_indent="        ")
+    return out

@@ -34,6 +34,21 @@ A report is one JSON object, POSTed to ``/v1/report`` (HTTP on loopback, or the 
                       label-safe custom names (at most MAX_PHASES)
 ``final``             true on the last report of a Reporter (close() or interpreter exit)
 
+Optional fields (absent or null from SDKs older than the goodput ledger; the daemon accepts reports without
+them, and an SDK whose report a daemon refuses for an unknown field resends without them):
+
+``process_started``   unix seconds when the OS started this process (Linux /proc), so start-up time before
+                      the Reporter existed counts; <= ``started``
+``resumed_step``      the global step this process resumed from (the checkpoint's step); its own steps
+                      continue from there. Steps up to the rank's earlier high-water mark are redone work
+``open_phases``       seconds spent so far in phases entered but not yet left: {"checkpoint": 41.2}, so a
+                      long checkpoint or evaluation counts while it runs. Not cumulative; may go down
+``memory``            the caching allocator of the rank's CUDA device (torch.cuda.memory_stats), or null:
+                      {"device", one of MEMORY_FIELDS: non-negative integers}
+``setup``             what the memory estimator needs, or null: {"model": the shape as MODEL_FIELDS,
+                      "micro_batch", "zero_stage", and optionally "optimizer", "checkpointing",
+                      "flash_attention", "tp", "sequence_parallel"}
+
 All counters are cumulative for the incarnation, so a lost or late report loses nothing: the next one carries
 the totals. The daemon answers 204 on success, 4xx with ``{"detail": reason}`` otherwise (400/422 malformed,
 401/403 token or origin, 413 too large, 429 cardinality limit); the SDK logs a 4xx once and keeps counting.
@@ -46,7 +61,30 @@ PATH = "/v1/report"
 DEFAULT_URL = "http://127.0.0.1:9478"
 # upper bounds of the step-time and request-latency buckets, seconds; one more bucket (+Inf) follows
 BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 60.0, 120.0)
-PHASES = ("data_wait", "forward_backward", "communication", "optimizer", "checkpoint")
+PHASES = ("data_wait", "forward_backward", "communication", "optimizer", "checkpoint", "evaluation")
+# the optional fields above: what a daemon older than them refuses as unknown
+EXTENSIONS = ("process_started", "resumed_step", "open_phases", "memory", "setup")
+# report key -> torch.cuda.memory_stats() key; the last two are counters, the rest bytes
+MEMORY_FIELDS = {
+    "allocated_bytes": "allocated_bytes.all.current",
+    "allocated_peak_bytes": "allocated_bytes.all.peak",
+    "reserved_bytes": "reserved_bytes.all.current",
+    "reserved_peak_bytes": "reserved_bytes.all.peak",
+    "active_bytes": "active_bytes.all.current",
+    "active_peak_bytes": "active_bytes.all.peak",
+    "inactive_split_bytes": "inactive_split_bytes.all.current",
+    "alloc_retries": "num_alloc_retries",
+    "ooms": "num_ooms",
+}
+# gpumon.client.model.ModelSpec's fields, as a report's setup.model carries them
+MODEL_FIELDS = (
+    "layers", "hidden", "heads", "vocab", "seq_len", "kv_heads", "head_dim", "ffn_hidden", "gated_mlp",
+    "tied_embeddings", "biases", "learned_positions", "name",
+)  # fmt: skip
+SETUP_CHOICES = {
+    "optimizer": ("adamw", "adam", "sgd", "none"),
+    "checkpointing": ("none", "selective", "full"),
+}
 DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8")
 CONVENTIONS = ("palm", "megatron", "user")
 KINDS = ("train", "inference")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from gpumon.client.protocol import TOTALS, VERSION
+from gpumon.client.protocol import EXTENSIONS, TOTALS, VERSION
 from gpumon.client.settings import Settings
 
 
@@ -58,3 +58,29 @@ def build_report(
     if anchor is not None:
         report["anchor"] = {"time": anchor[0], **{key: anchor[i + 1] for i, key in enumerate(TOTALS)}}
     return report
+
+
+def extend(
+    report: dict[str, Any],
+    cfg: Settings,
+    process_started: float | None,
+    open_phases: dict[str, float],
+    memory: dict[str, Any] | None,
+) -> None:
+    """Add the optional fields (protocol.EXTENSIONS) that have a value: a report without them is what an
+    older SDK sends, and what a daemon older than them accepts."""
+    if process_started is not None:
+        report["process_started"] = min(process_started, report["started"])
+    if cfg.resumed_step is not None:
+        report["resumed_step"] = cfg.resumed_step
+    if open_phases:
+        report["open_phases"] = open_phases
+    if memory is not None:
+        report["memory"] = memory
+    if cfg.setup is not None:
+        report["setup"] = cfg.setup
+
+
+def core(report: dict[str, Any]) -> dict[str, Any]:
+    """``report`` without the optional fields, for a daemon that refuses them as unknown."""
+    return {key: value for key, value in report.items() if key not in EXTENSIONS}

@@ -20,12 +20,14 @@ from bisect import bisect_left
 from typing import Any
 
 from gpumon.client import lifecycle
+from gpumon.client.allocator import AllocatorReader
 from gpumon.client.counts import COUNT_HINT, as_count, as_seconds, mistake
 from gpumon.client.lifecycle import AT_EXIT_TIMEOUT
 from gpumon.client.phases import NULL_PHASE, NullPhase, Phase
+from gpumon.client.procstart import process_start_time
 from gpumon.client.protocol import BUCKETS, MAX_PER_CALL, MAX_PER_CALL_SECONDS, MAX_PHASES, PHASE_PATTERN
-from gpumon.client.report import build_report
-from gpumon.client.settings import FlopsModel, Settings, env_flag, resolve
+from gpumon.client.report import build_report, extend
+from gpumon.client.settings import FlopsModel, Settings, check_step, env_flag, resolve
 from gpumon.client.transport import Sender, Shipper, Transport
 
 # the public names; several are defined in phases.py, lifecycle.py and settings.py
@@ -66,6 +68,10 @@ class Reporter:
         token: str | None = None,
         interval: float | None = None,
         enabled: bool | None = None,
+        resumed_step: int | None = None,
+        micro_batch: int | None = None,
+        zero_stage: int | None = None,
+        setup: dict[str, Any] | None = None,
     ) -> None:
         # the hot path's state comes first, so every method works whatever happens below
         self._on = False
@@ -90,6 +96,9 @@ class Reporter:
         self.started = self._wall0
         self.incarnation = os.urandom(8).hex()
         self.settings = Settings()
+        self.process_started: float | None = None
+        self._memory: dict[str, Any] | None = None  # the latest allocator reading
+        self._allocator: AllocatorReader | None = None
         environ = os.environ
         on = enabled if enabled is not None else env_flag(environ.get("GPUMON_REPORT"))
         if on is False:
@@ -97,10 +106,13 @@ class Reporter:
         try:
             self.settings, problems = resolve(
                 environ, job, rank, world_size, local_rank, device, kind, workload, dtype, flops_per_token,
-                model, flops_convention, peak_flops, url, token, interval,
+                model, flops_convention, peak_flops, url, token, interval, resumed_step, micro_batch,
+                zero_stage, setup,
             )  # fmt: skip
             for problem in problems:
                 log.warning("gpumon: %s", problem)
+            self.process_started = process_start_time()
+            self._allocator = AllocatorReader(self.settings.cuda_ordinal, self.settings.local_rank)
             transport = Transport(self.settings.url, self.settings.token)
         except Exception:
             log.warning("gpumon: reporting is off: the Reporter could not be set up", exc_info=True)
@@ -164,6 +176,22 @@ class Reporter:
 
     def checkpoint(self) -> Phase | NullPhase:
         return self.phase("checkpoint")
+
+    def evaluation(self) -> Phase | NullPhase:
+        return self.phase("evaluation")
+
+    def resume(self, step: int) -> None:
+        """This process resumed from global step ``step`` (the checkpoint it loaded): its steps continue from
+        there, and those up to the rank's earlier high-water mark count as redone. Call it before the first
+        step(), or pass Reporter(resumed_step=...)."""
+        if not self._on:
+            return
+        problems: list[str] = []
+        checked = check_step(step, problems)
+        if checked is None:
+            self._warn("resume", "resume(%r) ignored: %s", step, problems[0] if problems else "None")
+            return
+        self.settings.resumed_step = checked
 
     def add_phase(self, name: str, seconds: float) -> None:
         """Add ``seconds`` the caller timed itself to phase ``name``; safe from any thread."""
@@ -273,7 +301,16 @@ class Reporter:
         request_counts, request_sum = list(self._request_counts), self._request_sum
         anchor = self._anchor
         t = self._t  # one read: totals and "updated" agree
-        phases = {name: found.seconds for name, found in self._phases.items()}
+        phases = {}
+        open_phases = {}
+        for name, found in self._phases.items():
+            # seconds before depth and start: a phase left in between is then under-counted for one report,
+            # never counted twice
+            phases[name] = found.seconds
+            if found._depth > 0:
+                running = _perf() - found._start
+                if running > 0.0:
+                    open_phases[name] = min(running, _MAX_SECONDS)
         requests = None
         if self.settings.kind == "inference" or t[3]:
             requests = {"counts": request_counts, "sum": request_sum}
@@ -281,7 +318,7 @@ class Reporter:
         # "time" on the same clock as "updated" (wall time at start plus perf_counter since), so the
         # daemon's idea of how long ago the last step was survives a wall-clock step
         now = self._wall(_perf())
-        return build_report(
+        report = build_report(
             self.settings,
             self.incarnation,
             self.started,
@@ -294,6 +331,16 @@ class Reporter:
             phases,
             final,
         )
+        extend(report, self.settings, self.process_started, open_phases, self._read_memory())
+        return report
+
+    def _read_memory(self) -> dict[str, Any] | None:
+        """The allocator, read on the sender thread only (flush() and close() run on the caller's, which may
+        be the training loop's: they send the latest reading)."""
+        shipper, allocator = self._shipper, self._allocator
+        if shipper is not None and allocator is not None and threading.current_thread() is shipper.thread:
+            self._memory = allocator.read()
+        return self._memory
 
     def flush(self, timeout: float = 2.0) -> bool:
         """Send a report now, from the caller's thread; True when the daemon accepted it."""

@@ -6,12 +6,23 @@ training run. Standard library only, Python >= 3.9: this module runs inside trai
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Mapping
 from typing import Any, Protocol
 
+from gpumon.client.allocator import cuda_ordinal
 from gpumon.client.devices import resolve_devices
 from gpumon.client.launcher import detect_job, detect_placement, sanitize_name
-from gpumon.client.protocol import CONVENTIONS, DEFAULT_URL, DTYPES, KINDS, NAME_PATTERN
+from gpumon.client.protocol import (
+    CONVENTIONS,
+    DEFAULT_URL,
+    DTYPES,
+    KINDS,
+    MAX_COUNT,
+    MODEL_FIELDS,
+    NAME_PATTERN,
+    SETUP_CHOICES,
+)
 
 
 class FlopsModel(Protocol):
@@ -89,6 +100,9 @@ class Settings:
         self.url = DEFAULT_URL
         self.token: str | None = None
         self.interval = 1.0
+        self.resumed_step: int | None = None
+        self.setup: dict[str, Any] | None = None  # the report's "setup": what the memory estimator needs
+        self.cuda_ordinal: int | None = None  # the device argument's CUDA ordinal, for the allocator
 
 
 def resolve(
@@ -108,6 +122,10 @@ def resolve(
     url: str | None = None,
     token: str | None = None,
     interval: float | None = None,
+    resumed_step: int | None = None,
+    micro_batch: int | None = None,
+    zero_stage: int | None = None,
+    setup: Mapping[str, Any] | None = None,
 ) -> tuple[Settings, list[str]]:
     """(settings, problems): explicit arguments, else the environment, else defaults. A bad argument is a
     problem to log and is replaced by its default: monitoring must never stop a training run."""
@@ -135,7 +153,18 @@ def resolve(
         s.dtype = normalize_dtype(dtype)
         if s.dtype is None:
             problems.append(f"dtype {dtype!r} is not one of {DTYPES} or an alias; sent as null")
+    if isinstance(model, str):  # a preset's name
+        from gpumon.client.model import preset  # only then: the SDK works without the model module
+
+        try:
+            model = preset(model)
+        except ValueError as exc:
+            problems.append(f"model: {exc}; no FLOPs or memory estimate")
+            model = None
     _resolve_flops(s, problems, flops_per_token, model, flops_convention, peak_flops)
+    s.resumed_step = check_step(resumed_step, problems)
+    s.setup = _setup(model, micro_batch, zero_stage, setup, problems)
+    s.cuda_ordinal = cuda_ordinal(device)
     s.devices, bad = resolve_devices(device, s.local_rank, env)
     problems.extend(f"device {item} not understood; ignored" for item in bad)
     s.url = url or env.get("GPUMON_URL") or DEFAULT_URL
@@ -189,3 +218,59 @@ def _resolve_flops(
         s.peak_flops = _positive(peak)
         if s.peak_flops is None:
             problems.append(f"peak_flops={peak!r} is not a positive number; sent as null")
+
+
+def check_step(value: object, problems: list[str]) -> int | None:
+    """A resumed global step: a non-negative integer (a NumPy integer too), else a problem and None."""
+    if value is None:
+        return None
+    if isinstance(value, numbers.Integral) and value.__class__ is not bool and 0 <= value < MAX_COUNT:
+        return int(value)
+    problems.append(f"resumed_step={value!r} is not an integer >= 0; ignored")
+    return None
+
+
+_SETUP_FLAGS = ("flash_attention", "sequence_parallel")
+
+
+def _setup(
+    model: object, micro_batch: object, zero_stage: object, extra: object, problems: list[str]
+) -> dict[str, Any] | None:
+    """The report's ``setup``: sent only with a model shape (a ModelSpec or preset) and a micro-batch."""
+    if micro_batch is None and zero_stage is None and extra is None:
+        return None
+    from gpumon.client.model import ModelSpec  # only then: the SDK works without the model module
+
+    if not isinstance(model, ModelSpec):
+        problems.append("micro_batch/zero_stage/setup need model= (a ModelSpec or a preset name); not sent")
+        return None
+    if micro_batch.__class__ is not int or micro_batch <= 0:  # type: ignore[operator]
+        problems.append(f"micro_batch={micro_batch!r} is not a positive integer; no memory estimate")
+        return None
+    out: dict[str, Any] = {
+        "model": {name: getattr(model, name) for name in MODEL_FIELDS},
+        "micro_batch": micro_batch,
+        "zero_stage": 0,
+    }
+    if model.name is not None:  # a label-safe name, or none: the daemon refuses a report with a bad one
+        out["model"]["name"] = sanitize_name(str(model.name), fallback="") or None
+    if zero_stage is not None:
+        if zero_stage.__class__ is int and 0 <= zero_stage <= 3:  # type: ignore[operator]
+            out["zero_stage"] = zero_stage
+        else:
+            problems.append(f"zero_stage={zero_stage!r} is not 0, 1, 2 or 3; sent as 0")
+    if extra is None:
+        return out
+    if not isinstance(extra, Mapping):
+        problems.append(f"setup={extra!r} is not a dict; ignored")
+        return out
+    for key, value in extra.items():
+        if key in SETUP_CHOICES and value in SETUP_CHOICES[key]:
+            out[key] = value
+        elif key in _SETUP_FLAGS and isinstance(value, bool):
+            out[key] = value
+        elif key == "tp" and value.__class__ is int and value >= 1:
+            out[key] = value
+        else:
+            problems.append(f"setup[{key!r}]={value!r} not understood; ignored")
+    return out

@@ -21,7 +21,8 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
-from gpumon.client.protocol import PATH
+from gpumon.client.protocol import EXTENSIONS, PATH
+from gpumon.client.report import core
 
 log = logging.getLogger("gpumon.client")
 
@@ -238,6 +239,11 @@ class Transport:
                 os.close(sock.detach())  # detached: the socket object will not close the fd number again
 
 
+def _refuses_extension(detail: str) -> bool:
+    """The answer of a daemon that does not know an optional field: 'unknown field 'memory' (...)'."""
+    return any(detail.startswith(f"unknown field {name!r}") for name in EXTENSIONS)
+
+
 def _detail(data: bytes) -> str:
     try:
         parsed = json.loads(data.decode("utf-8", "replace")) if data else None
@@ -272,6 +278,8 @@ class Sender:
         self._backoff = 0.0
         self._outage = False
         self._rejections: set[tuple[int, str]] = set()
+        # a daemon older than the optional fields refuses them as unknown: then they are left out for good
+        self.core_only = False
         # never the global random: training scripts seed it and expect their own sequence
         self._random = random.Random()
 
@@ -279,12 +287,21 @@ class Sender:
         """Send ``report`` (its "seq" is filled in here); True when the daemon has this data."""
         self.seq += 1
         report["seq"] = self.seq
+        if self.core_only:
+            report = core(report)
         try:
             body = json.dumps(report, separators=(",", ":"), allow_nan=False).encode()
         except (TypeError, ValueError) as exc:
             log.warning("gpumon: could not encode a report (%s); this one is skipped", exc)
             return False
         status, detail = self.transport.post(body, timeout)
+        if status == 400 and not self.core_only and _refuses_extension(detail):
+            log.info(
+                "gpumon: daemon at %s predates the goodput and allocator fields (%s); sending reports "
+                "without them", self.transport.url, detail,
+            )  # fmt: skip
+            self.core_only = True
+            return self.send(report, timeout)
         if 200 <= status < 300:
             if self._outage or self._rejections:
                 log.info("gpumon: daemon at %s accepts reports again", self.transport.url)

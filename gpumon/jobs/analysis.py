@@ -67,6 +67,11 @@ class JobResult:
     verdict: Verdict
 
 
+def _sum(values: list[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return sum(known) if known else None
+
+
 def _max(values: list[float | None]) -> float | None:
     return max((v for v in values if v is not None), default=None)
 
@@ -193,6 +198,8 @@ class Analysis:
             communication_share=rates.phase_ratios.get("communication"),
             nvlink_utilization=_max(list(nvlink)),
             mfu=mfu,
+            alloc_retries=rates.alloc_retries,
+            ooms=rates.ooms,
             **_gpu_signals(w),
         )
 
@@ -215,6 +222,8 @@ class Analysis:
             communication_share=mean([s.communication_share for s in sig]),
             nvlink_utilization=_max([s.nvlink_utilization for s in sig]),
             mfu=mfu,
+            alloc_retries=_sum([s.alloc_retries for s in sig]),
+            ooms=_sum([s.ooms for s in sig]),
             **_gpu_signals(sig),
         )
         return JobResult(

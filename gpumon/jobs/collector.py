@@ -10,13 +10,15 @@ from prometheus_client.core import Metric
 from prometheus_client.utils import floatToGoString
 
 from gpumon import metrics as M
-from gpumon.baselines.jobfigures import against
+from gpumon.baselines.jobfigures import Against, against
 from gpumon.baselines.library import Library
 from gpumon.baselines.watch import LibraryWatch
 from gpumon.client import protocol as P
 from gpumon.jobs.analysis import Analysis, JobResult, RankResult
 from gpumon.jobs.diagnosis import BOTTLENECKS
 from gpumon.jobs.families import RowFamily
+from gpumon.jobs.ledger import CAUSES
+from gpumon.jobs.store import RankView
 
 OUTCOMES = (
     "accepted",
@@ -82,7 +84,7 @@ class TrainingCollector:
         for job in self.analysis.jobs(now):
             _add_job(f, job)
             if lib is not None:
-                _add_baseline(f, job, lib)
+                _add_baseline(f, job, lib, self.analysis.store.baseline_steps)
         for job_name, lost in self.analysis.store.lost(now).items():
             f[M.RANKS_LOST.name].add_metric([job_name], lost)
         yield from (fam for fam in f.values() if fam.rows)
@@ -167,10 +169,45 @@ def _add_rank(f: dict[str, Any], r: RankResult) -> None:
     for b in BOTTLENECKS:
         f[M.BOTTLENECK.name].add_metric([*rl, b], 1 if r.verdict.bottleneck == b else 0)
     _opt(f, M.STRAGGLER, rl, r.straggler)
+    if rep.kind == "train":
+        _add_ledger(f, rl, r.view)
+    _add_allocator(f, rl, r.view)
 
 
-def _add_baseline(f: dict[str, Any], j: JobResult, lib: Library) -> None:
+def _add_ledger(f: dict[str, Any], rl: list[str], v: RankView) -> None:
+    ledger = v.ledger
+    f[M.GOODPUT.name].add_metric(rl, ledger.goodput)
+    for cause in CAUSES:
+        f[M.BADPUT.name].add_metric([*rl, cause], ledger.badput[cause])
+    f[M.STEPS_REDONE.name].add_metric(rl, ledger.steps_redone)
+
+
+def _add_allocator(f: dict[str, Any], rl: list[str], v: RankView) -> None:
+    m = v.report.memory
+    counts = v.allocator_counts()
+    if m is None or counts is None:
+        return
+    _opt(f, M.ALLOCATOR_ALLOCATED, rl, m.allocated_bytes)
+    _opt(f, M.ALLOCATOR_ALLOCATED_PEAK, rl, m.allocated_peak_bytes)
+    _opt(f, M.ALLOCATOR_RESERVED, rl, m.reserved_bytes)
+    _opt(f, M.ALLOCATOR_RESERVED_PEAK, rl, m.reserved_peak_bytes)
+    _opt(f, M.ALLOCATOR_FRAGMENTATION, rl, fragmentation(m.allocated_bytes, m.reserved_bytes))
+    if m.alloc_retries is not None:
+        f[M.ALLOCATOR_RETRIES.name].add_metric(rl, counts[0])
+    if m.ooms is not None:
+        f[M.ALLOCATOR_OOMS.name].add_metric(rl, counts[1])
+
+
+def fragmentation(allocated: float | None, reserved: float | None) -> float | None:
+    """1 - allocated/reserved: the share of the allocator's memory not holding tensors."""
+    if allocated is None or not reserved:
+        return None
+    return min(1.0, max(0.0, 1.0 - allocated / reserved))
+
+
+def _add_baseline(f: dict[str, Any], j: JobResult, lib: Library, steps: dict[str, float]) -> None:
     a = against(j, lib)
+    note_baseline_step(steps, j.job, a)
     base, c = a.baseline, a.ratios
     if base is None or c is None:
         return
@@ -190,3 +227,12 @@ def _add_baseline(f: dict[str, Any], j: JobResult, lib: Library) -> None:
     _opt(f, M.MFU_RATIO, jl, c.mfu)
     _opt(f, M.STEP_TIME_RATIO, jl, c.step_time_seconds)
     _opt(f, M.TPJ_RATIO, jl, c.tokens_per_joule)
+
+
+def note_baseline_step(steps: dict[str, float], job: str, a: Against) -> None:
+    """Keep the job's baseline step time where the goodput ledger reads it (its slow steps)."""
+    step = a.baseline.figures.step_time_seconds if a.baseline is not None else None
+    if step:
+        steps[job] = step
+    else:
+        steps.pop(job, None)

@@ -95,6 +95,8 @@ class Signals:
     throttled_share: float | None = None
     memory_used_ratio: float | None = None
     mfu: float | None = None
+    alloc_retries: float | None = None  # the caching allocator's retries in the window (PyTorch ranks)
+    ooms: float | None = None  # and its out-of-memory errors
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +106,7 @@ class Evidence:
     threshold: float | None
     op: str  # ">=" or "<"
     met: bool | None  # None: the signal is not measured
+    unit: str = "ratio"  # or "count"
 
     def json(self) -> dict[str, Any]:
         return {
@@ -112,6 +115,7 @@ class Evidence:
             "threshold": self.threshold,
             "op": self.op,
             "met": self.met,
+            "unit": self.unit,
         }
 
 
@@ -133,9 +137,9 @@ class Verdict:
         }
 
 
-def _check(signal: str, value: float | None, threshold: float, op: str) -> Evidence:
+def _check(signal: str, value: float | None, threshold: float, op: str, unit: str = "ratio") -> Evidence:
     met = None if value is None else (value >= threshold if op == ">=" else value < threshold)
-    return Evidence(signal, value, threshold, op, met)
+    return Evidence(signal, value, threshold, op, met, unit)
 
 
 def _pct(x: float | None) -> str:
@@ -157,10 +161,11 @@ ADVICE = {
     "data-parallel traffic (ZeRO stage, gradient compression), or scale up before scaling out.",
     "throttled": "Clocks are held down by thermal limits or a hardware slowdown: check cooling and inlet "
     "temperatures, the power supply and brake signals (nvidia-smi -q -d PERFORMANCE), and dmesg for XIDs.",
-    "memory_capacity": "HBM is nearly full: fragmentation and allocator retries slow steps and an OOM is "
-    "close. Check torch.cuda.memory_stats (num_alloc_retries); use activation checkpointing, a smaller "
-    "micro-batch with accumulation, or a higher ZeRO stage. The caching allocator can hold memory it does "
-    "not use, so compare with the estimate (gpumon estimate).",
+    "memory_capacity": "HBM is nearly full, or the caching allocator had to flush its cache (retries) or "
+    "failed (OOMs): each retry synchronises the device and costs milliseconds, and an OOM is close. Set "
+    "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True against fragmentation; use activation checkpointing, "
+    "a smaller micro-batch with accumulation, or a higher ZeRO stage (the rank's memory section compares the "
+    "allocator with the estimate and names a stage that fits).",
     "memory_bandwidth": "DRAM is busy while tensor cores idle: kernels are bandwidth-bound. Fuse "
     "elementwise ops (torch.compile), use FlashAttention, lower precision (bf16/fp8), larger batches.",
     "compute": "The GPU's arithmetic units are the limit, which is where a training job should be. Gains "
@@ -189,6 +194,9 @@ def diagnose(s: Signals, t: Thresholds) -> Verdict:
         ),
         "throttled": _check("throttled_share", s.throttled_share, t.throttled_share, ">="),
         "memory": _check("memory_used_ratio", s.memory_used_ratio, t.memory_pressure, ">="),
+        # one retry is a cache flush and a device synchronisation; one OOM is a failed step or a crash
+        "retries": _check("alloc_retries", s.alloc_retries, 1, ">=", "count"),
+        "ooms": _check("ooms", s.ooms, 1, ">=", "count"),
         "dram": _check("dram_active", s.dram_active, t.dram_busy, ">="),
         "tensor_low": _check("tensor_active", s.tensor_active, t.tensor_low, "<"),
         "tensor_busy": _check("tensor_active", s.tensor_active, t.tensor_busy, ">="),
@@ -210,7 +218,7 @@ def diagnose(s: Signals, t: Thresholds) -> Verdict:
             ("communication", "link", "sm_idle"),
         ),
         ("throttled", bool(ev["throttled"].met), ("throttled",)),
-        ("memory_capacity", bool(ev["memory"].met) and not compute, ("memory",)),
+        ("memory_capacity", _memory_trouble(ev) and not compute, ("memory", "retries", "ooms")),
         ("memory_bandwidth", bool(ev["dram"].met) and bool(ev["tensor_low"].met), ("dram", "tensor_low")),
         ("compute", compute, ("tensor_busy", "sm_busy", "util_busy")),
     ]
@@ -223,12 +231,23 @@ def diagnose(s: Signals, t: Thresholds) -> Verdict:
     else:
         verdict, used = next(((name, keys) for name, ok, keys in conditions if ok), ("undetermined", ()))
     findings = tuple(name for name, ok, _ in conditions if ok and name != verdict)
-    if bool(ev["memory"].met) and "memory_capacity" not in findings and verdict != "memory_capacity":
+    if _memory_trouble(ev) and "memory_capacity" not in findings and verdict != "memory_capacity":
         findings += ("memory_capacity",)
     if s.mfu is not None and s.mfu > 1.0:  # not a bottleneck: the reported FLOPs per token or dtype is wrong
         findings += ("mfu_above_peak",)
     evidence = tuple(dict.fromkeys(ev[k] for k in (*used, *ev)))
     return Verdict(verdict, _summary(verdict, s), ADVICE[verdict], evidence, findings)
+
+
+def _memory_trouble(ev: dict[str, Evidence]) -> bool:
+    """HBM nearly full, or the allocator retrying or running out: a memory finding either way."""
+    return bool(ev["memory"].met or ev["retries"].met or ev["ooms"].met)
+
+
+def _allocator_note(s: Signals) -> str:
+    if s.alloc_retries is None:
+        return ""
+    return f"; {s.alloc_retries:.0f} allocation retries and {s.ooms or 0:.0f} OOMs in the window"
 
 
 # one line per verdict, formatted only for the verdict reached (every rank, every scrape)
@@ -247,7 +266,7 @@ _SUMMARIES: dict[str, Callable[[Signals], str]] = {
     "throttled": lambda s: (
         f"throttled: thermal or hardware clock limits active in {_pct(s.throttled_share)} of samples"
     ),
-    "memory_capacity": lambda s: f"memory capacity: {_pct(s.memory_used_ratio)} of HBM in use",
+    "memory_capacity": lambda s: f"memory capacity: {_pct(s.memory_used_ratio)} of HBM in use{_allocator_note(s)}",
     "memory_bandwidth": lambda s: (
         f"memory-bandwidth-bound: DRAM active {_pct(s.dram_active)}, tensor cores {_pct(s.tensor_active)}"
     ),

@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from gpumon.jobs.analysis import JobResult, RankResult
+from gpumon.jobs.goodput import ledger_json, ledger_line
+from gpumon.jobs.memoryview import memory_json
 
 
 def job_json(j: JobResult, window: float) -> dict[str, Any]:
@@ -16,8 +18,29 @@ def job_json(j: JobResult, window: float) -> dict[str, Any]:
         "tokens_per_second": j.tokens_per_second,
         "mfu": j.mfu,
         "diagnosis": j.verdict.json(),
+        "goodput": _job_ledger(j),
         "ranks": [_rank_json(r) for r in j.ranks],
     }
+
+
+def _job_ledger(j: JobResult) -> dict[str, Any] | None:
+    train = [r for r in j.ranks if r.view.report.kind == "train"]
+    ledger = ledger_json([r.view.ledger for r in train], max((r.view.restarts for r in train), default=0))
+    if ledger is not None:
+        ledger["summary"] = ledger_line(ledger)
+    return ledger
+
+
+def _rank_memory(r: RankResult) -> dict[str, Any] | None:
+    rep = r.view.report
+    if rep.memory is None and rep.setup is None:
+        return None
+    hbm = [u.window.memory_total_bytes for u in r.gpus if u.window.memory_total_bytes]
+    out = memory_json(rep, min(hbm) if hbm else None, r.rates.alloc_retries, r.rates.ooms)
+    counts = r.view.allocator_counts()
+    if counts is not None:
+        out["alloc_retries_total"], out["ooms_total"] = counts
+    return out
 
 
 def _rank_json(r: RankResult) -> dict[str, Any]:
@@ -83,4 +106,21 @@ def _rank_json(r: RankResult) -> dict[str, Any]:
             for u in r.gpus
         ],
         "diagnosis": r.verdict.json(),
+        "ledger": _rank_ledger(r),
+        "memory": _rank_memory(r),
+    }
+
+
+def _rank_ledger(r: RankResult) -> dict[str, Any] | None:
+    v = r.view.ledger
+    if r.view.report.kind != "train" or v.since is None:
+        return None
+    return {
+        "since": v.since,
+        "until": v.until,
+        "goodput_seconds": v.goodput,
+        "badput_seconds": dict(v.badput),
+        "pending_seconds": v.pending,
+        "steps_redone": v.steps_redone,
+        "high_water_step": v.high_step,
     }

@@ -11,7 +11,7 @@ import math
 import re
 import reprlib
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from gpumon.client import protocol as P
@@ -49,8 +49,14 @@ _KNOWN = frozenset(
         "request_seconds",
         "phases",
         "final",
+        *P.EXTENSIONS,
     ]
 )
+_SETUP_KEYS = frozenset(("model", "micro_batch", "zero_stage", "tp", "flash_attention", "sequence_parallel",
+                         *P.SETUP_CHOICES))  # fmt: skip
+_MODEL_INTS = ("layers", "hidden", "heads", "vocab", "seq_len", "kv_heads", "head_dim", "ffn_hidden")
+_MODEL_FLAGS = ("gated_mlp", "tied_embeddings", "biases", "learned_positions")
+_MAX_DIM = 1 << 24  # a layer count, width or vocabulary past this is not a model
 
 
 class InvalidReport(ValueError):
@@ -101,6 +107,28 @@ class Report:
     request_seconds: Histogram | None
     phases: Mapping[str, float]
     final: bool
+    # optional fields (protocol.EXTENSIONS): None or empty from older SDKs
+    process_started: float | None = None
+    resumed_step: int | None = None
+    open_phases: Mapping[str, float] = field(default_factory=dict)
+    memory: Memory | None = None
+    setup: Mapping[str, Any] | None = None  # checked: "model" holds ModelSpec's fields
+
+
+@dataclass(frozen=True, slots=True)
+class Memory:
+    """The caching allocator of the rank's CUDA device; None where the SDK's torch did not say."""
+
+    device: int
+    allocated_bytes: int | None = None
+    allocated_peak_bytes: int | None = None
+    reserved_bytes: int | None = None
+    reserved_peak_bytes: int | None = None
+    active_bytes: int | None = None
+    active_peak_bytes: int | None = None
+    inactive_split_bytes: int | None = None
+    alloc_retries: int | None = None
+    ooms: int | None = None
 
 
 def parse(data: Any) -> Report:
@@ -149,6 +177,13 @@ def _fields(data: Any) -> Report:
         request_seconds=None if request_seconds is None else _histogram(request_seconds, "request_seconds"),
         phases=_phases(data.get("phases")),
         final=_bool(data, "final"),
+        process_started=None if data.get("process_started") is None else _timestamp(data, "process_started"),
+        resumed_step=(
+            None if data.get("resumed_step") is None else _int(data, "resumed_step", 0, int(P.MAX_COUNT))
+        ),
+        open_phases=_phases(data.get("open_phases"), "open_phases"),
+        memory=_memory(data.get("memory")),
+        setup=_setup(data.get("setup")),
     )
 
 
@@ -169,6 +204,8 @@ def _consistent(r: Report) -> None:
             raise InvalidReport("anchor.time: later than updated; the anchor is an earlier point")
     if r.started > r.time + _CLOCK_SLACK:
         raise InvalidReport("started: later than the report's own time")
+    if r.process_started is not None and r.process_started > r.started + _CLOCK_SLACK:
+        raise InvalidReport("process_started: later than started; the process starts before its Reporter")
     if r.step_seconds.count > t.steps:
         raise InvalidReport("step_seconds: more observations than totals.steps")
     if r.request_seconds is not None and r.request_seconds.count > t.requests:
@@ -274,15 +311,70 @@ def _histogram(value: object, what: str) -> Histogram:
     )
 
 
-def _phases(value: object) -> dict[str, float]:
-    obj = _object({} if value is None else value, "phases")
+def _phases(value: object, what: str = "phases") -> dict[str, float]:
+    obj = _object({} if value is None else value, what)
     if len(obj) > P.MAX_PHASES:
-        raise InvalidReport(f"phases: at most {P.MAX_PHASES} phases, got {len(obj)}")
+        raise InvalidReport(f"{what}: at most {P.MAX_PHASES} phases, got {len(obj)}")
     out = {}
     for name, seconds in obj.items():
         if not _PHASE.fullmatch(name):
-            raise InvalidReport(f"phases: name {show(name)} must match {P.PHASE_PATTERN}")
-        out[name] = _number(seconds, f"phases.{name}", P.MAX_SECONDS)
+            raise InvalidReport(f"{what}: name {show(name)} must match {P.PHASE_PATTERN}")
+        out[name] = _number(seconds, f"{what}.{name}", P.MAX_SECONDS)
+    return out
+
+
+def _memory(value: object) -> Memory | None:
+    if value is None:
+        return None
+    obj = _object(value, "memory")
+    unknown = sorted(set(obj) - set(P.MEMORY_FIELDS) - {"device"})
+    if unknown:
+        raise InvalidReport(f"memory: unknown field {show(unknown[0])} (known: {', '.join(P.MEMORY_FIELDS)})")
+    device = _int(obj, "device", 0, 1 << 16) if "device" in obj else 0
+    values = {}
+    for key in P.MEMORY_FIELDS:
+        if obj.get(key) is not None:
+            values[key] = _int(obj, key, 0, 1 << 62)
+    return Memory(device, **values)
+
+
+def _setup(value: object) -> dict[str, Any] | None:
+    """What the memory estimator needs; whether the shape makes a model is checked where it is estimated."""
+    if value is None:
+        return None
+    obj = _object(value, "setup")
+    unknown = sorted(set(obj) - _SETUP_KEYS)
+    if unknown:
+        raise InvalidReport(f"setup: unknown field {show(unknown[0])}")
+    model = _object(obj.get("model"), "setup.model")
+    extra = sorted(set(model) - set(P.MODEL_FIELDS))
+    if extra:
+        raise InvalidReport(f"setup.model: unknown field {show(extra[0])}")
+    shape: dict[str, Any] = {}
+    for key in _MODEL_INTS:
+        if model.get(key) is not None:
+            shape[key] = _int(model, key, 1, _MAX_DIM)
+    for key in ("layers", "hidden", "heads", "vocab", "seq_len"):
+        if key not in shape:
+            raise InvalidReport(f"setup.model.{key}: required")
+    for key in _MODEL_FLAGS:
+        if model.get(key) is not None:
+            shape[key] = _bool(model, key)
+    if model.get("name") is not None:
+        shape["name"] = _name(model, "name")
+    out: dict[str, Any] = {
+        "model": shape,
+        "micro_batch": _int(obj, "micro_batch", 1, _MAX_DIM),
+        "zero_stage": _int(obj, "zero_stage", 0, 3) if obj.get("zero_stage") is not None else 0,
+    }
+    if obj.get("tp") is not None:
+        out["tp"] = _int(obj, "tp", 1, 1 << 16)
+    for key in ("flash_attention", "sequence_parallel"):
+        if obj.get(key) is not None:
+            out[key] = _bool(obj, key)
+    for key, choices in P.SETUP_CHOICES.items():
+        if obj.get(key) is not None:
+            out[key] = _choice(obj, key, choices)
     return out
 
 

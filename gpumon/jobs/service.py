@@ -14,7 +14,8 @@ from gpumon.gpu.compat_dcgm import node_hostname
 from gpumon.gpu.snapshot import Snapshot
 from gpumon.jobs.analysis import Analysis
 from gpumon.jobs.api import IngestPolicy
-from gpumon.jobs.collector import IngestStats, TrainingCollector
+from gpumon.baselines.jobfigures import against
+from gpumon.jobs.collector import IngestStats, TrainingCollector, note_baseline_step
 from gpumon.jobs.diagnosis import Thresholds
 from gpumon.jobs.store import JobStore
 
@@ -42,7 +43,13 @@ class Training:
         self.analysis.observe(snap)
         if self.history is not None and self.history.due():
             now = time.time()
-            self.history.record(self.analysis.jobs(now), now)
+            jobs = self.analysis.jobs(now)
+            self.history.record(jobs, now)
+            if self.library is not None:  # the ledger's slow steps need baselines between scrapes too
+                library = self.library.library()
+                steps = self.analysis.store.baseline_steps
+                for job in jobs:
+                    note_baseline_step(steps, job.job, against(job, library))
 
 
 def from_settings(settings: Settings, source: Callable[[], Snapshot | None]) -> Training:

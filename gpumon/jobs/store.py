@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from gpumon.client import protocol as P
+from gpumon.jobs.ledger import Ledger, LedgerView
 from gpumon.jobs.report import Report
 
 MAX_POINTS = 512  # per rank: 60 s of reports at 8/s; more only shortens the effective window
@@ -49,6 +50,9 @@ class Point(NamedTuple):
     step_sum: float
     step_count: float
     phases: Mapping[str, float]
+    # the allocator's cumulative counters (None: not reported), for retries and OOMs within the window
+    alloc_retries: float | None = None
+    ooms: float | None = None
 
 
 class LimitExceeded(Exception):
@@ -81,6 +85,8 @@ class Offsets:
     step_sum: float = 0.0
     request_counts: tuple[float, ...] = _ZEROS
     request_sum: float = 0.0
+    alloc_retries: float = 0.0
+    ooms: float = 0.0
 
     def plus(self, r: Report) -> Offsets:
         t = r.totals
@@ -100,7 +106,14 @@ class Offsets:
             if req is None
             else tuple(a + b for a, b in zip(self.request_counts, req.counts, strict=True)),
             self.request_sum + (0.0 if req is None else req.sum),
+            self.alloc_retries + _count(r, "alloc_retries"),
+            self.ooms + _count(r, "ooms"),
         )
+
+
+def _count(r: Report, name: str) -> float:
+    """An allocator counter of the report, 0 when it does not say."""
+    return float(getattr(r.memory, name) or 0) if r.memory is not None else 0.0
 
 
 @dataclass
@@ -111,6 +124,7 @@ class Rank:
     restarts: int = 0
     points: deque[Point] = field(default_factory=lambda: deque(maxlen=MAX_POINTS))
     anchor: Point | None = None
+    ledger: Ledger = field(default_factory=Ledger)
 
     @property
     def key(self) -> tuple[str, int]:
@@ -127,6 +141,7 @@ class RankView:
     restarts: int
     points: tuple[Point, ...]
     anchor: Point | None
+    ledger: LedgerView
 
     def totals(self) -> dict[str, float]:
         """The exported counters: earlier incarnations' offsets plus this one's totals."""
@@ -137,11 +152,31 @@ class RankView:
         mine, before = self.report.phases, self.offsets.phases
         return {name: mine.get(name, 0.0) + before.get(name, 0.0) for name in sorted({*mine, *before})}
 
+    def allocator_counts(self) -> tuple[float, float] | None:
+        """Allocation retries and OOMs since the rank's first process, or None when it does not report them."""
+        m = self.report.memory
+        if m is None:
+            return None
+        return self.offsets.alloc_retries + (m.alloc_retries or 0), self.offsets.ooms + (m.ooms or 0)
+
 
 def _point(r: Report) -> Point:
     t = r.totals
     h = r.step_seconds
-    return Point(r.time, r.updated, t.steps, t.tokens, t.samples, t.requests, h.sum, h.count, r.phases)
+    m = r.memory
+    return Point(
+        r.time,
+        r.updated,
+        t.steps,
+        t.tokens,
+        t.samples,
+        t.requests,
+        h.sum,
+        h.count,
+        r.phases,
+        None if m is None else m.alloc_retries,
+        None if m is None else m.ooms,
+    )
 
 
 def _anchor(r: Report) -> Point | None:
@@ -162,6 +197,8 @@ class JobStore:
         self._gone: dict[tuple[str, int], tuple[float, Rank]] = {}  # (when it went, the rank) for offsets
         self._expired_at = float("-inf")
         self._lost: dict[str, tuple[int, float]] = {}  # job -> (ranks lost, when the job was last seen)
+        # job -> its baseline's step time, for the ledger's slow steps (kept by whoever compares baselines)
+        self.baseline_steps: dict[str, float] = {}
         self._lock = threading.Lock()
 
     def ingest(self, r: Report, now: float) -> None:
@@ -200,6 +237,7 @@ class JobStore:
                 _check_monotonic(rank.report, r)
             rank.report = r
             rank.received = now
+            rank.ledger.observe(r, self.baseline_steps.get(r.job))
             rank.anchor = rank.anchor or _anchor(r)
             points = rank.points
             points.append(_point(r))
@@ -216,9 +254,10 @@ class JobStore:
         old = went[1]
         if r.incarnation == old.report.incarnation:  # silent past the TTL, then back: the same process
             _check_monotonic(old.report, r)
-            fresh.offsets, fresh.restarts = old.offsets, old.restarts
+            fresh.offsets, fresh.restarts, fresh.ledger = old.offsets, old.restarts, old.ledger
         elif r.started >= old.report.started:
             fresh.offsets, fresh.restarts = old.offsets.plus(old.report), old.restarts + 1
+            fresh.ledger = old.ledger
         return fresh
 
     def _admit(self, r: Report) -> None:
@@ -279,6 +318,7 @@ class JobStore:
                     rank.restarts,
                     tuple(rank.points),
                     rank.anchor,
+                    rank.ledger.view(),
                 )
                 for rank in sorted(self._ranks.values(), key=lambda x: x.key)
             ]

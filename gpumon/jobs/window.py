@@ -49,6 +49,9 @@ class Rates:
     requests_per_second: float | None = None
     step_time_seconds: float | None = None
     phase_ratios: dict[str, float] = field(default_factory=dict)
+    # the allocator's retries and OOMs within the window; None when the rank does not report them
+    alloc_retries: float | None = None
+    ooms: float | None = None
 
 
 def measure(view: RankView, now: float, window: float) -> Rates:
@@ -58,13 +61,16 @@ def measure(view: RankView, now: float, window: float) -> Rates:
     progress = [p for p in ((view.anchor,) if view.anchor else ()) + view.points if p.updated is not None]
     span = _span(progress, horizon)
     step_time, ratios = _phases(view.points, horizon)
+    retries, ooms = _allocator(view.points, horizon)
     last = max((p.updated or 0.0 for p in progress), default=None)
     stall_after = max(STALL_FLOOR, STALL_STEPS * (step_time or 0.0))
     progressing = last is not None and clock - last <= stall_after
     if span is None:
-        return Rates(progressing, None, step_time_seconds=step_time, phase_ratios=ratios)
+        return Rates(
+            progressing, None, step_time_seconds=step_time, phase_ratios=ratios, alloc_retries=retries, ooms=ooms
+        )
     if not progressing:
-        return Rates(False, span, 0.0, 0.0, 0.0, 0.0, step_time, ratios)
+        return Rates(False, span, 0.0, 0.0, 0.0, 0.0, step_time, ratios, retries, ooms)
     s = span.seconds
     return Rates(
         True,
@@ -75,7 +81,27 @@ def measure(view: RankView, now: float, window: float) -> Rates:
         span.requests / s,
         step_time,
         ratios,
+        retries,
+        ooms,
     )
+
+
+def _allocator(points: Sequence[Point], horizon: float) -> tuple[float | None, float | None]:
+    """Allocation retries and OOMs between the oldest report in the window and the newest. A process that
+    reset its counters (torch.cuda.reset_accumulated_memory_stats) counts from the reset."""
+    if not points or points[-1].alloc_retries is None:
+        return None, None
+    newest = points[-1]
+    older = points[:-1]
+    inside = [p for p in older if p.reported >= horizon]
+    # a single report so far: everything it counts happened since its process started, moments ago
+    base = inside[0] if inside else (older[-1] if older else None)
+    if base is None or base.alloc_retries is None:
+        return newest.alloc_retries, newest.ooms
+    out = []
+    for a, b in ((base.alloc_retries, newest.alloc_retries), (base.ooms, newest.ooms)):
+        out.append(None if b is None else (b - (a or 0.0) if b >= (a or 0.0) else b))
+    return out[0], out[1]
 
 
 def _span(progress: Sequence[Point], horizon: float) -> Span | None:

@@ -173,6 +173,98 @@ STRAGGLER = metric(
     source="diagnosis",
 )
 
+section("Training jobs: the goodput ledger, derived by the daemon")
+GOODPUT = metric(
+    "gpumon_training_goodput_seconds_total",
+    "counter",
+    "Wall-clock seconds of the rank that became kept training progress: steps that completed and were not "
+    "redone, less their excess over the job's baseline step time. With the badput causes it adds up to the "
+    "rank's wall-clock since its first process started, across restarts; docs/training.md says which cause "
+    "wins when two apply.",
+    RANK,
+    "seconds",
+    "SDK steps, phases, process start and resumed step",
+)
+BADPUT = metric(
+    "gpumon_training_badput_seconds_total",
+    "counter",
+    "Wall-clock seconds of the rank that did not become training progress, by cause: startup (process "
+    "start to first step), restart (a dead process's last step to its successor's first), checkpoint, "
+    "evaluation, data_wait, stall (no step for 4 mean step times, at least 10 s), lost_progress (steps "
+    "redone after resuming from an older checkpoint), slow_steps (excess over the baseline step time). "
+    "Every cause from 0.",
+    (*RANK, "cause"),
+    "seconds",
+    "SDK steps, phases, process start and resumed step",
+)
+STEPS_REDONE = metric(
+    "gpumon_training_steps_redone_total",
+    "counter",
+    "Steps the rank computed again after resuming from a checkpoint older than its high-water step.",
+    RANK,
+    source="SDK resumed_step",
+)
+
+section("Training and inference jobs: the allocator's view of memory (PyTorch ranks on CUDA)")
+ALLOCATOR_ALLOCATED = metric(
+    "gpumon_training_allocator_allocated_bytes",
+    "gauge",
+    "Bytes in tensors the rank's caching allocator has handed out (torch.cuda.memory_allocated).",
+    RANK,
+    "bytes",
+    "torch.cuda.memory_stats() allocated_bytes.all.current",
+)
+ALLOCATOR_ALLOCATED_PEAK = metric(
+    "gpumon_training_allocator_allocated_peak_bytes",
+    "gauge",
+    "Peak of allocated bytes since the process started or last reset its peaks "
+    "(torch.cuda.max_memory_allocated).",
+    RANK,
+    "bytes",
+    "torch.cuda.memory_stats() allocated_bytes.all.peak",
+)
+ALLOCATOR_RESERVED = metric(
+    "gpumon_training_allocator_reserved_bytes",
+    "gauge",
+    "Bytes the caching allocator holds from the driver, used or cached (torch.cuda.memory_reserved); NVML's "
+    "per-process figure adds the CUDA context and libraries to it.",
+    RANK,
+    "bytes",
+    "torch.cuda.memory_stats() reserved_bytes.all.current",
+)
+ALLOCATOR_RESERVED_PEAK = metric(
+    "gpumon_training_allocator_reserved_peak_bytes",
+    "gauge",
+    "Peak of reserved bytes (torch.cuda.max_memory_reserved).",
+    RANK,
+    "bytes",
+    "torch.cuda.memory_stats() reserved_bytes.all.peak",
+)
+ALLOCATOR_FRAGMENTATION = metric(
+    "gpumon_training_allocator_fragmentation_ratio",
+    "gauge",
+    "Share of reserved memory not holding tensors: 1 - allocated/reserved. High with retries means the "
+    "cache is fragmented (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True).",
+    RANK,
+    "ratio",
+    "allocated / reserved",
+)
+ALLOCATOR_RETRIES = metric(
+    "gpumon_training_allocator_retries_total",
+    "counter",
+    "Allocations that failed, made the allocator free its cache and synchronise, then succeeded; each costs "
+    "milliseconds. Across restarts.",
+    RANK,
+    source="torch.cuda.memory_stats() num_alloc_retries",
+)
+ALLOCATOR_OOMS = metric(
+    "gpumon_training_allocator_ooms_total",
+    "counter",
+    "CUDA out-of-memory errors the allocator raised, across restarts.",
+    RANK,
+    source="torch.cuda.memory_stats() num_ooms",
+)
+
 section("Training and inference jobs: per job on this node")
 JOB_RANKS = metric(
     "gpumon_training_job_ranks", "gauge", "Ranks of the job reporting to this node.", JOB, source="SDK"

@@ -1,0 +1,36 @@
+"""When the OS started this process: the start of a rank's wall-clock, so the goodput ledger counts the
+imports, model building and checkpoint loading that happen before a Reporter exists.
+
+Linux only (/proc); elsewhere None, and the daemon starts the clock at the Reporter's creation. The start
+time in /proc/self/stat is in clock ticks since boot, so it is set against /proc/uptime (10 ms resolution)
+read together with time.time(), rather than against /proc/stat's btime, which is whole seconds. Standard
+library only, Python >= 3.9: this module runs inside training processes.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+# a start more than this before now is a misread (a container's /proc from another boot, a time namespace)
+_MAX_AGE = 30 * 86400.0
+
+
+def process_start_time(stat: str = "/proc/self/stat", uptime: str = "/proc/uptime") -> float | None:
+    """Unix seconds when this process started, or None when the OS does not say."""
+    try:
+        with open(stat, "rb") as f:
+            raw = f.read()
+        with open(uptime, "rb") as f:
+            since_boot = float(f.read().split()[0])
+        now = time.time()
+        # the command name (field 2) may hold spaces and parentheses: fields are counted after its last ")"
+        fields = raw[raw.rindex(b")") + 2 :].split()
+        ticks = int(fields[19])  # field 22, starttime
+        hertz = os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
+    age = since_boot - ticks / hertz
+    if not 0.0 <= age <= _MAX_AGE:
+        return None
+    return now - age

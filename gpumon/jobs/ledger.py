@@ -1,0 +1,213 @@
+"""The goodput ledger: where every second of a training rank's wall-clock went, across its restarts.
+
+A rank's wall-clock runs from the start of its first process (the OS's start time, else the Reporter's) to
+its latest report. Each report moves the ledger from the point it had reached to the report's time, and
+every second of that interval lands in exactly one bucket. Which bucket, when several could apply:
+
+1. Before a process's first step: ``restart`` when an earlier process of the rank came before it (from that
+   process's last step to this one's first), else ``startup`` (from process start to the first step).
+2. After it, the badput phases the SDK timed claim their seconds, running ones included (``open_phases``):
+   ``checkpoint`` first, then ``evaluation``, then ``data_wait``.
+3. What is left waits for the next step. A step that lands takes it: ``lost_progress`` for a step at or
+   below the rank's high-water global step (redone after resuming from an older checkpoint), else
+   ``goodput``, less ``slow_steps``: the excess over the job's baseline step time, when it has one.
+   No step for longer than STALL_STEPS mean step times (at least STALL_FLOOR seconds): ``stall``, from the
+   last step on.
+
+Counters only grow: a stall is recognised late, so time waiting for a step is held (``pending``) and
+classified when the step lands or the stall is recognised. Time after the last step of a process that is
+never followed by another is not counted. Not thread-safe: the job store calls it under its lock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from gpumon.jobs.report import Report
+
+CAUSES = (
+    "startup",
+    "restart",
+    "checkpoint",
+    "evaluation",
+    "data_wait",
+    "stall",
+    "lost_progress",
+    "slow_steps",
+)
+CLAIMING_PHASES = ("checkpoint", "evaluation", "data_wait")  # in the order they win
+# the same rule as a rank's "progressing" (window.py): no step for this many mean step times is a stall
+STALL_STEPS = 4.0
+STALL_FLOOR = 10.0
+# before a process has a mean step time (its second step), only a gap this long is a stall
+STALL_UNKNOWN = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerView:
+    """A copy of one rank's ledger for analysis and export."""
+
+    since: float | None  # start of the rank's wall-clock (unix seconds)
+    until: float | None  # the point the ledger has reached
+    goodput: float
+    badput: Mapping[str, float]  # every cause in CAUSES
+    pending: float  # seconds since the last step not yet classified
+    steps_redone: float
+    high_step: float  # the rank's high-water global step
+
+    @property
+    def total(self) -> float:
+        return self.goodput + sum(self.badput.values())
+
+
+class Ledger:
+    def __init__(self) -> None:
+        self.goodput = 0.0
+        self.badput = dict.fromkeys(CAUSES, 0.0)
+        self.steps_redone = 0.0
+        self.since: float | None = None
+        self._to: float | None = None  # accounted up to, on the reports' clock
+        self._pending = 0.0
+        self._stalled = False  # the pending time is a stall already recognised
+        self._incarnation: str | None = None
+        self._follows = False  # this process follows an earlier one of the rank
+        self._stepped = False  # this process made its first step
+        self._steps = 0.0  # its steps accounted so far
+        self._seen: dict[str, float] = {}  # its claiming phases' seconds accounted so far
+        self._high = 0.0  # the rank's high-water global step
+        self._base = 0.0  # the global step this process started from
+
+    def view(self) -> LedgerView:
+        return LedgerView(
+            self.since,
+            self._to,
+            self.goodput,
+            dict(self.badput),
+            self._pending,
+            self.steps_redone,
+            self._high,
+        )
+
+    def observe(self, r: Report, baseline_step: float | None) -> None:
+        """Account from the point reached to ``r.time``; ``baseline_step``: the job's baseline step time."""
+        if r.kind != "train":
+            return
+        if r.incarnation != self._incarnation:
+            if self._start(r):
+                return
+        elif not self._stepped and r.resumed_step is not None:
+            self._base = float(r.resumed_step)  # resume() called after the Reporter was made
+        assert self._to is not None
+        left = r.time - self._to
+        if left <= 0.0:
+            return
+        if not self._stepped:
+            if r.anchor_time is None or r.anchor is None:
+                self._add("restart" if self._follows else "startup", left)
+                self._seen = _claimable(r)
+                self._to = r.time
+                return
+            before = min(left, max(0.0, r.anchor_time - self._to))
+            self._add("restart" if self._follows else "startup", before)
+            self._stepped = True
+            self._steps = r.anchor.steps
+            # the first step's time is the restart's or start-up's, but a redone first step is still redone
+            self.steps_redone += min(self._steps, max(0.0, self._high - self._base))
+            self._high = max(self._high, self._base + self._steps)
+            left -= before
+        for phase in CLAIMING_PHASES:
+            left -= self._claim(phase, r, left)
+        self._after_claims(r, left, baseline_step)
+        self._to = r.time
+
+    def _start(self, r: Report) -> bool:
+        """A new process of the rank; True when there is nothing to account yet (first seen mid-run)."""
+        first = self._incarnation is None
+        self._incarnation = r.incarnation
+        self._stepped = False
+        self._steps = 0.0
+        self._seen = {}
+        self._base = self._high if r.resumed_step is None else float(r.resumed_step)
+        if not first:
+            # the predecessor's time after its last step, and the gap until this process, is the restart's
+            self._add("restart", self._pending)
+            self._pending = 0.0
+            self._stalled = False
+            self._follows = True
+            return False
+        if r.anchor is not None:
+            # stepping already (the daemon started after it, or missed its first reports): account from now
+            self.since = self._to = r.time
+            self._stepped = True
+            self._steps = r.totals.steps
+            self._high = self._base + self._steps
+            self._seen = _claimable(r)
+            return True
+        self.since = self._to = min(r.process_started or r.started, r.started, r.time)
+        return False
+
+    def _claim(self, phase: str, r: Report, left: float) -> float:
+        now = r.phases.get(phase, 0.0) + r.open_phases.get(phase, 0.0)
+        seen = self._seen.get(phase, 0.0)
+        if now <= seen:
+            return 0.0  # a running phase's reading lags by a report when it ends
+        self._seen[phase] = now
+        taken = min(now - seen, max(0.0, left))
+        self._add(phase, taken)
+        return taken
+
+    def _after_claims(self, r: Report, left: float, baseline_step: float | None) -> None:
+        left = max(0.0, left)
+        steps = r.totals.steps - self._steps
+        last = r.updated if r.updated is not None else r.time
+        if steps <= 0:
+            self._pending += left
+            if self._stalled or r.time - last > _stall_after(r):
+                self._stalled = True
+                self._add("stall", self._pending)
+                self._pending = 0.0
+            return
+        tail = min(left, max(0.0, r.time - last))  # waiting for the next step already
+        work = self._pending + left - tail
+        self._pending = tail
+        if self._stalled:  # the step that ended the stall: its share of the interval is the stall's too
+            self._stalled = False
+            share = (left - tail) / steps
+            self._add("stall", share)
+            work -= share
+            steps -= 1
+            self._steps += 1
+            if steps <= 0:
+                self._high = max(self._high, self._base + self._steps)
+                return
+        before = self._base + self._steps
+        redone = min(steps, max(0.0, self._high - before))
+        lost = work * redone / steps
+        self._add("lost_progress", lost)
+        self.steps_redone += redone
+        good = work - lost
+        kept = steps - redone
+        if baseline_step is not None and kept > 0:
+            slow = min(good, max(0.0, good - kept * baseline_step))
+            self._add("slow_steps", slow)
+            good -= slow
+        self.goodput += good
+        self._steps = r.totals.steps
+        self._high = max(self._high, self._base + self._steps)
+
+    def _add(self, cause: str, seconds: float) -> None:
+        if seconds > 0.0:
+            self.badput[cause] += seconds
+
+
+def _claimable(r: Report) -> dict[str, float]:
+    return {p: r.phases.get(p, 0.0) + r.open_phases.get(p, 0.0) for p in CLAIMING_PHASES}
+
+
+def _stall_after(r: Report) -> float:
+    h = r.step_seconds
+    count = h.count
+    if count <= 0:
+        return STALL_UNKNOWN
+    return max(STALL_FLOOR, STALL_STEPS * h.sum / count)
