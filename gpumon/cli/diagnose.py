@@ -116,14 +116,16 @@ def _memory_lines(m: dict[str, Any] | None) -> list[str]:
     o = m.get("observed")
     if o:
         out.append(
-            f"      memory: {_gib(o.get('allocated_bytes'))} allocated (peak {_gib(o.get('allocated_peak_bytes'))}), "
+            f"      memory: {_gib(o.get('allocated_bytes'))} allocated "
+            f"(peak {_gib(o.get('allocated_peak_bytes'))}), "
             f"{_gib(o.get('reserved_bytes'))} reserved (peak {_gib(o.get('reserved_peak_bytes'))}), "
             f"{_num(m.get('alloc_retries_total'))} allocation retries, {_num(m.get('ooms_total'))} OOMs"
         )
     e = m.get("estimate")
     if e:
         out.append(
-            f"      estimate (ZeRO {e['zero_stage']}, micro-batch {e['micro_batch']}): {_gib(e['total_bytes'])} = "
+            f"      estimate (ZeRO {e['zero_stage']}, micro-batch {e['micro_batch']}): "
+            f"{_gib(e['total_bytes'])} = "
             f"weights {_gib(e['weights_bytes'])} + gradients {_gib(e['gradients_bytes'])} + optimizer "
             f"{_gib(e['optimizer_states_bytes'])} + activations {_gib(e['activations_bytes'])}"
         )

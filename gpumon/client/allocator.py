@@ -16,6 +16,9 @@ from typing import Any
 from gpumon.client.protocol import MEMORY_FIELDS
 
 log = logging.getLogger("gpumon.client")
+# memory_stats() flattens (and sorts) the allocator's nested dict of about 120 values in Python, several
+# times the cost of the rest of a report; the nested dict is read along these paths instead
+_PATHS = {wire: tuple(key.split(".")) for wire, key in MEMORY_FIELDS.items()}
 
 
 def cuda_ordinal(device: object) -> int | None:
@@ -59,15 +62,19 @@ class AllocatorReader:
             device = self._device
             if device is None:
                 device = self._device = self._choose(cuda)
-            stats = cuda.memory_stats(device)
+            nested = getattr(cuda, "memory_stats_as_nested_dict", None)
+            if nested is not None:
+                values = _dig(nested(device))
+            else:  # an older torch: the flat form
+                stats = cuda.memory_stats(device)
+                values = {wire: stats.get(key) for wire, key in MEMORY_FIELDS.items()}
         except Exception:
             self._broken = True
             log.warning("gpumon: reading torch.cuda.memory_stats() failed; allocator memory is not reported",
                         exc_info=True)  # fmt: skip
             return None
         out: dict[str, Any] = {"device": device}
-        for wire, key in MEMORY_FIELDS.items():
-            value = stats.get(key)
+        for wire, value in values.items():
             if value.__class__ is int and value >= 0:
                 out[wire] = value
         return out if len(out) > 1 else None
@@ -78,3 +85,15 @@ class AllocatorReader:
         if self._local_rank is not None and self._local_rank < cuda.device_count():
             return self._local_rank
         return 0
+
+
+def _dig(stats: Any) -> dict[str, Any]:
+    """The report's memory values from memory_stats_as_nested_dict()'s {"allocated_bytes": {"all":
+    {"current": ...}}, "num_ooms": ...}; a missing path is None."""
+    out = {}
+    for wire, path in _PATHS.items():
+        node = stats
+        for part in path:
+            node = node.get(part) if isinstance(node, dict) else None
+        out[wire] = node
+    return out

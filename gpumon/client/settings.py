@@ -224,7 +224,7 @@ def check_step(value: object, problems: list[str]) -> int | None:
     """A resumed global step: a non-negative integer (a NumPy integer too), else a problem and None."""
     if value is None:
         return None
-    if isinstance(value, numbers.Integral) and value.__class__ is not bool and 0 <= value < MAX_COUNT:
+    if isinstance(value, numbers.Integral) and value.__class__ is not bool and 0 <= int(value) < MAX_COUNT:
         return int(value)
     problems.append(f"resumed_step={value!r} is not an integer >= 0; ignored")
     return None
@@ -265,12 +265,16 @@ def _setup(
         problems.append(f"setup={extra!r} is not a dict; ignored")
         return out
     for key, value in extra.items():
-        if key in SETUP_CHOICES and value in SETUP_CHOICES[key]:
-            out[key] = value
-        elif key in _SETUP_FLAGS and isinstance(value, bool):
-            out[key] = value
-        elif key == "tp" and value.__class__ is int and value >= 1:
+        if _setup_value_ok(key, value):
             out[key] = value
         else:
             problems.append(f"setup[{key!r}]={value!r} not understood; ignored")
     return out
+
+
+def _setup_value_ok(key: object, value: object) -> bool:
+    if key in SETUP_CHOICES:
+        return value in SETUP_CHOICES[key]  # type: ignore[index]
+    if key in _SETUP_FLAGS:
+        return isinstance(value, bool)
+    return key == "tp" and value.__class__ is int and value >= 1  # type: ignore[operator]

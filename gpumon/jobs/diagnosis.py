@@ -266,7 +266,9 @@ _SUMMARIES: dict[str, Callable[[Signals], str]] = {
     "throttled": lambda s: (
         f"throttled: thermal or hardware clock limits active in {_pct(s.throttled_share)} of samples"
     ),
-    "memory_capacity": lambda s: f"memory capacity: {_pct(s.memory_used_ratio)} of HBM in use{_allocator_note(s)}",
+    "memory_capacity": lambda s: (
+        f"memory capacity: {_pct(s.memory_used_ratio)} of HBM in use{_allocator_note(s)}"
+    ),
     "memory_bandwidth": lambda s: (
         f"memory-bandwidth-bound: DRAM active {_pct(s.dram_active)}, tensor cores {_pct(s.tensor_active)}"
     ),

@@ -40,6 +40,9 @@ CLAIMING_PHASES = ("checkpoint", "evaluation", "data_wait")  # in the order they
 # the same rule as a rank's "progressing" (window.py): no step for this many mean step times is a stall
 STALL_STEPS = 4.0
 STALL_FLOOR = 10.0
+# a process first seen with a report numbered below this was seen from its start (the SDK sends seq 0 as
+# the Reporter is made); later, the daemon started after it, and its past is not guessed
+SEEN_FROM_START = 3
 # before a process has a mean step time (its second step), only a gap this long is a stall
 STALL_UNKNOWN = 60.0
 
@@ -136,7 +139,7 @@ class Ledger:
             self._stalled = False
             self._follows = True
             return False
-        if r.anchor is not None:
+        if r.anchor is not None and r.seq >= SEEN_FROM_START:
             # stepping already (the daemon started after it, or missed its first reports): account from now
             self.since = self._to = r.time
             self._stepped = True

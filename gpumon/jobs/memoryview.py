@@ -57,7 +57,9 @@ def rank_estimate(r: Report, zero: int | None = None) -> Estimate | str | None:
     return _estimate(tuple(sorted(setup.items())), tuple(sorted(model.items())))
 
 
-def memory_json(r: Report, hbm_bytes: float | None, retries: float | None, ooms: float | None) -> dict[str, Any]:
+def memory_json(
+    r: Report, hbm_bytes: float | None, retries: float | None, ooms: float | None
+) -> dict[str, Any]:
     """The rank's memory section: observed, estimated, the gap, and advice when the allocator struggles."""
     m = r.memory
     out: dict[str, Any] = {"observed": None if m is None else observed_json(m), "estimate": None}
@@ -151,4 +153,6 @@ def fitting_stage(r: Report, hbm_bytes: float | None) -> str | None:
                 f"{FIT:.0%} of the {_gib(hbm_bytes)} HBM (stage {r.setup['zero_stage']}: "
                 f"{_gib(current.train_total_bytes)})"
             )
-    return f"no ZeRO stage fits the estimate into {FIT:.0%} of {_gib(hbm_bytes)}: shard further (tp) or shrink"
+    return (
+        f"no ZeRO stage fits the estimate into {FIT:.0%} of {_gib(hbm_bytes)}: shard further (tp) or shrink"
+    )

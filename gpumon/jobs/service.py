@@ -8,13 +8,13 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
 from gpumon.baselines.history import JobHistory
+from gpumon.baselines.jobfigures import against
 from gpumon.baselines.watch import LibraryWatch
 from gpumon.config import Settings
 from gpumon.gpu.compat_dcgm import node_hostname
 from gpumon.gpu.snapshot import Snapshot
 from gpumon.jobs.analysis import Analysis
 from gpumon.jobs.api import IngestPolicy
-from gpumon.baselines.jobfigures import against
 from gpumon.jobs.collector import IngestStats, TrainingCollector, note_baseline_step
 from gpumon.jobs.diagnosis import Thresholds
 from gpumon.jobs.store import JobStore

@@ -153,7 +153,7 @@ class RankView:
         return {name: mine.get(name, 0.0) + before.get(name, 0.0) for name in sorted({*mine, *before})}
 
     def allocator_counts(self) -> tuple[float, float] | None:
-        """Allocation retries and OOMs since the rank's first process, or None when it does not report them."""
+        """Allocation retries and OOMs since the rank's first process; None when it does not report them."""
         m = self.report.memory
         if m is None:
             return None

@@ -67,7 +67,12 @@ def measure(view: RankView, now: float, window: float) -> Rates:
     progressing = last is not None and clock - last <= stall_after
     if span is None:
         return Rates(
-            progressing, None, step_time_seconds=step_time, phase_ratios=ratios, alloc_retries=retries, ooms=ooms
+            progressing,
+            None,
+            step_time_seconds=step_time,
+            phase_ratios=ratios,
+            alloc_retries=retries,
+            ooms=ooms,
         )
     if not progressing:
         return Rates(False, span, 0.0, 0.0, 0.0, 0.0, step_time, ratios, retries, ooms)

@@ -14,7 +14,7 @@ import textwrap
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -35,20 +35,6 @@ Server = Callable[..., RecordingServer]
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-@pytest.fixture
-def server() -> Iterator[Server]:
-    started: list[RecordingServer] = []
-
-    def start(port: int = 0, unix_path: str | None = None) -> RecordingServer:
-        started.append(RecordingServer(port, unix_path))
-        return started[-1]
-
-    yield start
-    for srv in started:
-        srv.sleep = 0.0
-        srv.stop()
-
-
 def sdk_logs(caplog: pytest.LogCaptureFixture, about: str = "", level: int = logging.WARNING) -> list[str]:
     """The SDK's log lines at ``level`` that mention ``about``: a Reporter of an earlier test may still log
     about its own (stopped) server from its thread while this test runs."""
@@ -64,24 +50,6 @@ def wait_until(condition: Callable[[], object], timeout: float = 5.0) -> None:
     while not condition():
         assert time.monotonic() < end, "timed out"
         time.sleep(0.01)
-
-
-@pytest.fixture
-def reporters() -> Iterator[Callable[..., Reporter]]:
-    """Reporters closed (briefly) at teardown; explicit ranks, so the test runner's environment is ignored."""
-    made: list[Reporter] = []
-
-    def make(**kwargs: Any) -> Reporter:
-        kwargs.setdefault("job", "test-job")
-        kwargs.setdefault("rank", 0)
-        kwargs.setdefault("world_size", 1)
-        kwargs.setdefault("interval", 0.05)
-        made.append(Reporter(**kwargs))
-        return made[-1]
-
-    yield make
-    for r in made:
-        r.close(timeout=0.5)
 
 
 class FakeClock:

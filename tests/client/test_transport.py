@@ -39,6 +39,8 @@ class RecordingServer:
         self.status = 204
         self.detail = ""
         self.sleep = 0.0
+        # (status, detail) per body, when set: a daemon that answers by content (an older protocol, say)
+        self.judge: Callable[[dict[str, Any]], tuple[int, str]] | None = None
         self._cond = threading.Condition()
         self._conns: set[socket.socket] = set()
         recorder = self
@@ -53,6 +55,8 @@ class RecordingServer:
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
                 status, detail, sleep = recorder.status, recorder.detail, recorder.sleep
+                if recorder.judge is not None:
+                    status, detail = recorder.judge(json.loads(body))
                 with recorder._cond:
                     recorder.requests.append(
                         {

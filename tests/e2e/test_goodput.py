@@ -103,12 +103,25 @@ def test_every_bucket_equals_what_the_loop_injected(daemon, tmp_path: Path) -> N
     )  # fmt: skip
     try:
         _wait_for(log1, "hang")
-        time.sleep(0.5)  # a few reports: the daemon has seen step 40 (what a process never reported is unknown)
+        time.sleep(
+            0.5
+        )  # a few reports: the daemon has seen step 40 (what a process never reported is unknown)
         first.send_signal(signal.SIGKILL)  # no final report: the rank died
         first.wait(10)
         time.sleep(1.0)  # the scheduler notices and starts the job again
         second, _ = _start(
-            d.url, log2, "--steps", "50", "--resume", "20", "--load", "0.5", "--stall-at", "45", "--stall", "12"
+            d.url,
+            log2,
+            "--steps",
+            "50",
+            "--resume",
+            "20",
+            "--load",
+            "0.5",
+            "--stall-at",
+            "45",
+            "--stall",
+            "12",
         )
         assert second.wait(120) == 0
     finally:

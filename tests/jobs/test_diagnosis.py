@@ -63,7 +63,12 @@ def test_evidence_gives_every_signal_its_value_threshold_and_outcome() -> None:
     v = diagnose(Signals(progressing=True, utilization=0.4, data_wait_share=0.35, memory_used_ratio=0.5), T)
     first = v.evidence[0].json()
     assert first == {
-        "signal": "data_wait_share", "value": 0.35, "threshold": 0.15, "op": ">=", "met": True, "unit": "ratio"
+        "signal": "data_wait_share",
+        "value": 0.35,
+        "threshold": 0.15,
+        "op": ">=",
+        "met": True,
+        "unit": "ratio",
     }
     by_signal = {(e.signal, e.threshold): e for e in v.evidence}
     assert by_signal[("gpu_utilization", 0.7)].met is True

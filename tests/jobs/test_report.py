@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import pytest
-from support.reports import report
+from support.reports import T0, report
 
 from gpumon.client import protocol as P
+from gpumon.client.model import ModelSpec
 from gpumon.jobs.report import InvalidReport, parse
 
 
@@ -130,3 +132,81 @@ def test_the_sdk_s_per_call_bounds_fit_the_daemon_s_totals() -> None:
     data["totals"]["tokens"] = P.MAX_PER_CALL
     data["phases"] = {"data_wait": P.MAX_PER_CALL_SECONDS}
     assert parse(data).totals.tokens == P.MAX_PER_CALL
+
+
+# ---- the optional fields of the goodput ledger and the allocator (protocol.EXTENSIONS) ------------------
+
+LLAMA = {"layers": 32, "hidden": 4096, "heads": 32, "vocab": 32000, "seq_len": 4096, "name": "llama2-7b"}
+
+
+def test_a_report_without_the_optional_fields_is_what_older_sdks_send() -> None:
+    r = parse(report())
+    assert (r.process_started, r.resumed_step, r.memory, r.setup) == (None, None, None, None)
+    assert r.open_phases == {}
+
+
+def test_the_optional_fields_are_parsed() -> None:
+    data = report(
+        process_started=T0 - 5,
+        resumed_step=1200,
+        open_phases={"checkpoint": 12.5},
+        memory={"device": 1, "allocated_bytes": 10, "reserved_bytes": 20, "alloc_retries": 3, "ooms": 0},
+        setup={"model": LLAMA, "micro_batch": 4, "zero_stage": 2, "checkpointing": "full", "tp": 2},
+    )
+    r = parse(data)
+    assert (r.process_started, r.resumed_step, dict(r.open_phases)) == (T0 - 5, 1200, {"checkpoint": 12.5})
+    assert r.memory is not None and (r.memory.device, r.memory.allocated_bytes, r.memory.ooms) == (1, 10, 0)
+    assert r.memory.active_bytes is None  # not sent: unknown, not 0
+    assert r.setup == {
+        "model": LLAMA, "micro_batch": 4, "zero_stage": 2, "checkpointing": "full", "tp": 2
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("process_started", T0 + 3600, "process_started: later than started"),
+        ("process_started", 12.5, "process_started: expected unix seconds"),
+        ("resumed_step", -1, "resumed_step: must be between"),
+        ("resumed_step", 1.5, "resumed_step: expected an integer"),
+        ("open_phases", {"Bad Name": 1.0}, "open_phases: name"),
+        ("open_phases", {"checkpoint": -1.0}, "open_phases.checkpoint: must be >= 0"),
+        ("open_phases", {f"p{i}": 1.0 for i in range(17)}, "open_phases: at most 16"),
+        ("memory", [], "memory: expected an object"),
+        ("memory", {"allocated_bytes": -1}, "allocated_bytes: must be between"),
+        ("memory", {"allocated_bytes": 1.5}, "allocated_bytes: expected an integer"),
+        ("memory", {"num_ooms": 1}, "memory: unknown field 'num_ooms'"),
+        ("memory", {"device": True}, "device: expected an integer"),
+        ("setup", {"micro_batch": 1}, "setup.model: expected an object"),
+        ("setup", {"model": {**LLAMA, "layers": 0}, "micro_batch": 1}, "layers: must be between 1"),
+        (
+            "setup",
+            {"model": {"hidden": 8, "heads": 1, "vocab": 8, "seq_len": 8}, "micro_batch": 1},
+            "layers: required",
+        ),
+        (
+            "setup",
+            {"model": {**LLAMA, "experts": 8}, "micro_batch": 1},
+            "setup.model: unknown field 'experts'",
+        ),
+        ("setup", {"model": {**LLAMA, "name": "a b"}, "micro_batch": 1}, "name: expected"),
+        ("setup", {"model": LLAMA, "micro_batch": 0}, "micro_batch: must be between 1"),
+        ("setup", {"model": LLAMA, "micro_batch": 1, "zero_stage": 4}, "zero_stage: must be between 0 and 3"),
+        ("setup", {"model": LLAMA, "micro_batch": 1, "optimizer": "lion"}, "optimizer: expected one of"),
+        ("setup", {"model": LLAMA, "micro_batch": 1, "offload": True}, "setup: unknown field 'offload'"),
+        ("setup", {"model": LLAMA, "micro_batch": 1, "flash_attention": 1}, "flash_attention: expected true"),
+    ],
+)
+def test_bad_optional_fields_are_refused_with_the_field_named(
+    field: str, value: object, message: str
+) -> None:
+    with pytest.raises(InvalidReport, match=re.escape(message)):
+        parse(report(**{field: value}))
+
+
+def test_the_protocol_choices_match_the_estimators() -> None:
+    from gpumon.estimate.activations import CHECKPOINTING
+    from gpumon.estimate.memory import OPTIMIZERS
+
+    assert P.SETUP_CHOICES == {"optimizer": OPTIMIZERS, "checkpointing": CHECKPOINTING}
+    assert set(P.MODEL_FIELDS) == {f.name for f in dataclasses.fields(ModelSpec)}

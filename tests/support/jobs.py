@@ -27,9 +27,9 @@ def jobs(snap) -> TrainingCollector:
     earlier = report(10, started=now - 2.5, rank=1, world_size=2, devices=["1"], phases=half)
     other = report(20, started=now - 2.5, rank=1, world_size=2, devices=["1"], phases=phases)
     other["memory"] = {  # a PyTorch rank on CUDA: its allocator's view
-        "device": 0, "allocated_bytes": 30 << 30, "allocated_peak_bytes": 36 << 30, "reserved_bytes": 40 << 30,
-        "reserved_peak_bytes": 42 << 30, "active_bytes": 31 << 30, "active_peak_bytes": 36 << 30,
-        "inactive_split_bytes": 1 << 30, "alloc_retries": 3, "ooms": 0,
+        "device": 0, "allocated_bytes": 30 << 30, "allocated_peak_bytes": 36 << 30,
+        "reserved_bytes": 40 << 30, "reserved_peak_bytes": 42 << 30, "active_bytes": 31 << 30,
+        "active_peak_bytes": 36 << 30, "inactive_split_bytes": 1 << 30, "alloc_retries": 3, "ooms": 0,
     }  # fmt: skip
     chat = {"job": "chat", "kind": "inference", "devices": ["2"], "dtype": "bf16", "peak_flops": 150e12}
     serve_before = report(15, started=now - 3.5, **chat)  # two points: the window has a step time
