@@ -17,6 +17,7 @@ import re
 import threading
 import time
 from bisect import bisect_left
+from collections.abc import Callable
 from typing import Any
 
 from gpumon.client import lifecycle
@@ -98,7 +99,9 @@ class Reporter:
         self.settings = Settings()
         self.process_started: float | None = None
         self._memory: dict[str, Any] | None = None  # the latest allocator reading
-        self._allocator: AllocatorReader | None = None
+        # what the sender thread reads the allocator with (the report's "memory"); the simulator's ranks
+        # put their own here
+        self.memory_source: Callable[[], dict[str, Any] | None] | None = None
         environ = os.environ
         on = enabled if enabled is not None else env_flag(environ.get("GPUMON_REPORT"))
         if on is False:
@@ -112,7 +115,7 @@ class Reporter:
             for problem in problems:
                 log.warning("gpumon: %s", problem)
             self.process_started = process_start_time()
-            self._allocator = AllocatorReader(self.settings.cuda_ordinal, self.settings.local_rank)
+            self.memory_source = AllocatorReader(self.settings.cuda_ordinal, self.settings.local_rank).read
             transport = Transport(self.settings.url, self.settings.token)
         except Exception:
             log.warning("gpumon: reporting is off: the Reporter could not be set up", exc_info=True)
@@ -337,9 +340,9 @@ class Reporter:
     def _read_memory(self) -> dict[str, Any] | None:
         """The allocator, read on the sender thread only (flush() and close() run on the caller's, which may
         be the training loop's: they send the latest reading)."""
-        shipper, allocator = self._shipper, self._allocator
-        if shipper is not None and allocator is not None and threading.current_thread() is shipper.thread:
-            self._memory = allocator.read()
+        shipper, source = self._shipper, self.memory_source
+        if shipper is not None and source is not None and threading.current_thread() is shipper.thread:
+            self._memory = source()
         return self._memory
 
     def flush(self, timeout: float = 2.0) -> bool:

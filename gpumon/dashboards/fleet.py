@@ -9,6 +9,7 @@ from __future__ import annotations
 from gpumon.dashboards.builder import Dashboard, Panel, Row, Target
 from gpumon.dashboards.panels import (
     COUNT,
+    HIGHER_IS_BETTER,
     MEMORY_PRESSURE,
     NONE,
     PER_SECOND,
@@ -291,8 +292,9 @@ def _jobs() -> list[Panel | Row]:
         table(
             "Training jobs",
             "Every job with a rank on the selected nodes, with its figures over all its nodes: tokens/s, "
-            "GPUs, MFU, mean step time over its ranks, throughput against its baseline and scaling "
-            "efficiency. Open the training dashboard for one job.",
+            "GPUs, MFU, mean step time over its ranks, throughput against its baseline, scaling "
+            "efficiency and goodput (the share of its wall-clock over the last hour that became kept "
+            "progress). Open the training dashboard for one job.",
             COUNT,
             job("tokens_per_second:sum"),
             job("gpus:count"),
@@ -300,6 +302,7 @@ def _jobs() -> list[Panel | Row]:
             job("step_time_seconds:avg"),
             job("throughput_baseline:ratio"),
             job("scaling_efficiency:ratio"),
+            job("goodput:ratio_rate1h"),
             width=24,
             columns={
                 "Value #A": ("tokens/s", COUNT),
@@ -308,6 +311,7 @@ def _jobs() -> list[Panel | Row]:
                 "Value #D": ("step time", SECONDS),
                 "Value #E": ("vs baseline", RATIO),
                 "Value #F": ("scaling efficiency", RATIO),
+                "Value #G": ("goodput", RATIO),
             },
             links=[
                 {
@@ -316,6 +320,22 @@ def _jobs() -> list[Panel | Row]:
                     "url": "/d/gpumon-training?${__url_time_range}&var-job_name=${__data.fields.job_name}",
                 }
             ],
+        ),
+        timeseries(
+            "Goodput by job (last hour)",
+            "Share of each job's wall-clock over the trailing hour, all its ranks on every node, that became "
+            "kept training progress; the rest went to restarts, redone steps, stalls, checkpoints, "
+            "evaluation, data waits or slow steps (the training dashboard shows which). Below 50 % for 30 "
+            "minutes, GpumonTrainingGoodputLow fires.",
+            RATIO,
+            Target(
+                "max by (job_name) (job_name:gpumon_training_goodput:ratio_rate1h"
+                f" and on(job_name) gpumon_training_rank_info{{{NODE}}})",
+                "{{job_name}}",
+            ),
+            width=24,
+            hi=1,
+            steps=HIGHER_IS_BETTER,
         ),
     ]
 

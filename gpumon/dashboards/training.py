@@ -22,6 +22,7 @@ from gpumon.dashboards.panels import (
     table,
     timeseries,
 )
+from gpumon.dashboards.training_ledger import goodput
 from gpumon.dashboards.training_ranks import JOB, RAW, diagnosis, rule, stragglers
 from gpumon.dashboards.variables import common_variables, query_variable
 
@@ -214,9 +215,9 @@ def dashboard() -> Dashboard:
         uid=UID,
         title="gpumon / Training job",
         description="A training or inference job across all its nodes against its baseline: tokens/s, "
-        "MFU, step time, phase shares, the diagnosed bottleneck, stragglers, tokens per joule, scaling "
-        "efficiency.",
+        "MFU, step time, phase shares, the diagnosed bottleneck, the goodput ledger, allocator memory, "
+        "stragglers, tokens per joule, scaling efficiency.",
         variables=common_variables(job_name),
-        items=[*_overview(), *_throughput(), *_steps(), *diagnosis(), *stragglers()],
+        items=[*_overview(), *_throughput(), *_steps(), *diagnosis(), *goodput(), *stragglers()],
         tags=("training",),
     )

@@ -105,7 +105,7 @@ def gap(m: Memory | None, est: Estimate | None) -> str | None:
         return None
     total = est.train_total_bytes
     diff = peak - total
-    share = f" ({abs(diff) / total:.0%})" if total > 0 else ""
+    share = f" ({100 * abs(diff) / total:.0f} %)" if total > 0 else ""
     reserved = "" if m.reserved_peak_bytes is None else f", {_gib(m.reserved_peak_bytes)} reserved at peak"
     head = f"allocator peak {_gib(peak)} allocated{reserved}; estimate {_gib(total)}"
     if abs(diff) <= 0.05 * total:
@@ -150,9 +150,8 @@ def fitting_stage(r: Report, hbm_bytes: float | None) -> str | None:
         if isinstance(est, Estimate) and est.train_total_bytes <= budget:
             return (
                 f"ZeRO stage {stage} would need an estimated {_gib(est.train_total_bytes)} per GPU, within "
-                f"{FIT:.0%} of the {_gib(hbm_bytes)} HBM (stage {r.setup['zero_stage']}: "
+                f"{100 * FIT:.0f} % of the {_gib(hbm_bytes)} HBM (stage {r.setup['zero_stage']}: "
                 f"{_gib(current.train_total_bytes)})"
             )
-    return (
-        f"no ZeRO stage fits the estimate into {FIT:.0%} of {_gib(hbm_bytes)}: shard further (tp) or shrink"
-    )
+    share = f"{100 * FIT:.0f} % of {_gib(hbm_bytes)}"
+    return f"no ZeRO stage fits the estimate into {share}: shard further (tp) or shrink"

@@ -312,3 +312,48 @@ def test_forwarded_headers_never_change_who_the_client_is(daemon, monkeypatch) -
     forged = {"X-Forwarded-For": "203.0.113.9", "Forwarded": "for=203.0.113.9", "X-Forwarded-Proto": "https"}
     assert post(d, now_report(1, job="forwarded"), headers=forged).status_code == 204
     assert [j["job"] for j in d.get("/v1/jobs").json()["jobs"]] == ["forwarded"]
+
+
+def test_the_allocator_view_beside_the_estimate_in_the_api_and_diagnose(node) -> None:
+    """A PyTorch rank that retries allocations: the memory finding, the estimate against the allocator, the
+    gap named and a ZeRO stage that fits, in /v1/jobs, /metrics and `gpumon diagnose`."""
+    from support.helpers import run_gpumon
+
+    t = time.time()
+    llama = {"layers": 32, "hidden": 4096, "heads": 32, "vocab": 32000, "seq_len": 4096, "name": "llama2-7b"}
+    setup = {
+        "model": llama,
+        "micro_batch": 1,
+        "zero_stage": 0,
+        "checkpointing": "full",
+    }
+    gib = 1 << 30
+    for seq, retries in ((1, 2), (2, 9)):
+        memory = {
+            "device": 0, "allocated_bytes": 60 * gib, "allocated_peak_bytes": 74 * gib,
+            "reserved_bytes": 76 * gib, "reserved_peak_bytes": 78 * gib, "inactive_split_bytes": 3 * gib,
+            "alloc_retries": retries, "ooms": 0,
+        }  # fmt: skip
+        body = now_report(10 * seq, t=t - 2 + seq, seq=seq, world_size=8, memory=memory, setup=setup)
+        assert post(node, body).status_code == 204, body
+    metrics = node.get("/metrics").text
+    rank = (("job_name", "llm"), ("rank", "0"))
+    assert samples(metrics, "gpumon_training_allocator_retries_total") == {rank: 9}
+    fragmentation = samples(metrics, "gpumon_training_allocator_fragmentation_ratio")
+    assert fragmentation == {rank: pytest.approx(1 - 60 / 76)}
+    assert samples(metrics, "gpumon_training_allocator_reserved_peak_bytes") == {rank: 78 * gib}
+    job = node.get("/v1/jobs/llm").json()
+    diagnosis, memory = job["diagnosis"], job["ranks"][0]["memory"]
+    assert "memory_capacity" in [diagnosis["bottleneck"], *diagnosis["findings"]]
+    retries = next(e for e in diagnosis["evidence"] if e["signal"] == "alloc_retries")
+    assert (retries["value"], retries["unit"], retries["met"]) == (7, "count", True)  # 9 - 2 in the window
+    est = memory["estimate"]
+    assert est["zero_stage"] == 0 and est["total_bytes"] > 100 * gib  # 16 B per parameter: cannot fit
+    assert "more than estimated" not in memory["gap"] and "less than estimated" in memory["gap"]
+    assert any("ZeRO stage 1 would need" in line for line in memory["advice"])
+    assert any("expandable_segments" in line for line in memory["advice"])
+    out = run_gpumon("diagnose", "--url", node.url, "--job", "llm")
+    assert out.returncode == 0, out.stderr
+    assert "alloc_retries" in out.stdout and "7  >=       1  yes" in out.stdout
+    assert "memory: 60.0 GiB allocated (peak 74.0 GiB), 76.0 GiB reserved" in out.stdout
+    assert "estimate (ZeRO 0, micro-batch 1)" in out.stdout and "ZeRO stage 1 would need" in out.stdout
