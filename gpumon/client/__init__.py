@@ -12,7 +12,8 @@
     reporter.close()                        # also done at interpreter exit
 
 ``Reporter(job, rank, world_size, local_rank, device, kind, workload, dtype, flops_per_token, model,
-flops_convention, peak_flops, url, token, interval, enabled)``: every argument is optional. Left None:
+flops_convention, peak_flops, url, token, interval, enabled, resumed_step, micro_batch, zero_stage, setup)``:
+every argument is optional. Left None:
 
 - job: GPUMON_JOB, TORCHELASTIC_RUN_ID, "<SLURM_JOB_NAME>-<SLURM_JOB_ID>", else the script's name;
 - rank, world_size, local_rank: torchrun, Slurm, Open MPI or MPICH variables (gpumon.client.env);
@@ -21,15 +22,19 @@ flops_convention, peak_flops, url, token, interval, enabled)``: every argument i
 - flops_per_token: ``model.flops_per_token(train=kind == "train", convention=...)`` when a model is given;
 - url: GPUMON_URL, else http://127.0.0.1:9478 ("unix:///path.sock" for the daemon's unix socket);
 - token: GPUMON_INGEST_TOKEN (sent as a bearer token); interval: GPUMON_REPORT_INTERVAL, else 1 s;
-- enabled: false when GPUMON_REPORT is 0/false/no/off; every call is then a no-op.
+- enabled: false when GPUMON_REPORT is 0/false/no/off; every call is then a no-op;
+- resumed_step: none (a fresh run); the global step of the checkpoint this process resumed from;
+- micro_batch, zero_stage, setup: none; with a model (a ModelSpec or a preset name), what the daemon's memory
+  estimate needs (setup: optimizer, checkpointing, flash_attention, tp, sequence_parallel).
 
 Hot path, none of which does I/O, waits, touches the GPU or raises: ``step(tokens=0, samples=0)`` once per
 optimizer step; ``with reporter.phase(name):`` (or the shortcuts data_wait, forward_backward, communication,
-optimizer, checkpoint); ``add_phase(name, seconds)`` for time measured elsewhere; ``request(tokens=0,
+optimizer, checkpoint, evaluation); ``add_phase(name, seconds)`` for time measured elsewhere; ``request(tokens=0,
 latency=None)`` per served request. step() and the phase context managers belong to one thread (the training
 loop's); add_phase() and request() may be called from any thread.
 
-Also: ``totals`` (a copy of the cumulative counters and phase seconds), ``flush(timeout=2.0) -> bool``,
+Also: ``resume(step)`` (the checkpoint loaded after the Reporter was made), ``totals`` (a copy of the
+cumulative counters and phase seconds), ``flush(timeout=2.0) -> bool``,
 ``close(timeout=2.0)`` (final report; idempotent), ``with Reporter(...) as r:``. Forked children (DataLoader
 workers) inherit a disabled copy: only the parent reports. Standard library only; Python >= 3.9.
 """

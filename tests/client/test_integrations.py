@@ -5,6 +5,7 @@ The frameworks are optional for gpumon: missing locally, these tests skip; in CI
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import json
 import logging
@@ -12,6 +13,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -57,6 +59,10 @@ class Recorder:
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
+
+    def of(self, job: str) -> list[dict[str, Any]]:
+        with self.lock:
+            return [r for r in self.reports if r["job"] == job]
 
     def final(self, job: str) -> dict[str, Any]:
         with self.lock:
@@ -116,7 +122,18 @@ def test_missing_framework_says_what_to_install(
 # ---- Hugging Face Trainer ----------------------------------------------------------------------------------
 
 
-def _hf_trainer(tmp_path: Path, callback: Any, grad_accum: int) -> Any:
+def _hf_trainer(
+    tmp_path: Path,
+    callback: Any,
+    grad_accum: int,
+    *,
+    slow_eval: float = 0.0,
+    slow_save: float = 0.0,
+    **overrides: Any,
+) -> Any:
+    """A tiny GPT-2 Trainer. ``slow_eval``: an eval set whose metrics take that long to compute (counted in
+    ``trainer.evaluations``); ``slow_save``: each checkpoint's model save takes that long (counted in
+    ``trainer.saves``)."""
     transformers = require("transformers")
     require("accelerate")
     torch = require("torch")
@@ -125,18 +142,48 @@ def _hf_trainer(tmp_path: Path, callback: Any, grad_accum: int) -> Any:
     model = transformers.GPT2LMHeadModel(config)
     tokens = torch.randint(0, 64, (40, 16))
     dataset = [{"input_ids": row, "labels": row} for row in tokens]
-    args = transformers.TrainingArguments(
-        output_dir=str(tmp_path),
-        max_steps=5,
-        per_device_train_batch_size=4,
-        gradient_accumulation_steps=grad_accum,
-        use_cpu=True,
-        report_to=[],
-        save_strategy="no",
-        logging_strategy="no",
-        disable_tqdm=True,
+    settings: dict[str, Any] = {
+        "output_dir": str(tmp_path),
+        "max_steps": 5,
+        "per_device_train_batch_size": 4,
+        "per_device_eval_batch_size": 4,
+        "gradient_accumulation_steps": grad_accum,
+        "use_cpu": True,
+        "report_to": [],
+        "save_strategy": "no",
+        "logging_strategy": "no",
+        "disable_tqdm": True,
+    }
+    for name, value in overrides.items():
+        settings[_hf_argument(transformers, name)] = value
+
+    class Trainer(transformers.Trainer):
+        evaluations = saves = 0
+
+        def save_model(self, *args: Any, **kwargs: Any) -> None:
+            Trainer.saves += 1
+            time.sleep(slow_save)
+            super().save_model(*args, **kwargs)
+
+    def compute_metrics(prediction: Any) -> dict[str, float]:
+        Trainer.evaluations += 1
+        time.sleep(slow_eval)
+        return {}
+
+    return Trainer(
+        model=model,
+        args=transformers.TrainingArguments(**settings),
+        train_dataset=dataset,
+        eval_dataset=dataset[:8] if slow_eval else None,
+        compute_metrics=compute_metrics if slow_eval else None,
+        callbacks=[callback],
     )
-    return transformers.Trainer(model=model, args=args, train_dataset=dataset, callbacks=[callback])
+
+
+def _hf_argument(transformers: Any, name: str) -> str:
+    """TrainingArguments' field ``name``: before transformers 4.41, eval_strategy was evaluation_strategy."""
+    fields = {field.name for field in dataclasses.fields(transformers.TrainingArguments)}
+    return "evaluation_strategy" if name == "eval_strategy" and name not in fields else name
 
 
 def test_hf_trainer_reports_steps_tokens_samples_and_phases(recorder: Recorder, tmp_path: Path) -> None:
@@ -174,6 +221,66 @@ def test_hf_trainer_with_own_reporter_and_no_token_count(
     assert recorder.final("hf-own")["totals"] == {"steps": 5, "tokens": 0, "samples": 20, "requests": 0}
 
 
+def test_hf_trainer_times_evaluation_and_checkpoints(recorder: Recorder, tmp_path: Path) -> None:
+    require("transformers")
+    from gpumon.client.integrations.huggingface import GpumonCallback
+
+    slow_eval, slow_save = 0.4, 0.1
+    callback = GpumonCallback(seq_len=16, job="hf-badput", url=recorder.url, interval=60.0)
+    trainer = _hf_trainer(
+        tmp_path, callback, grad_accum=1, max_steps=4, slow_eval=slow_eval, slow_save=slow_save,
+        eval_strategy="steps", eval_steps=2, save_strategy="steps", save_steps=2,
+        logging_strategy="steps", logging_steps=1,  # an on_log before and one inside every evaluation
+    )  # fmt: skip
+    trainer.train()
+
+    assert (trainer.evaluations, trainer.saves) == (2, 2)  # at steps 2 and 4
+    final = recorder.final("hf-badput")
+    assert final["totals"]["steps"] == 4
+    phases = final["phases"]
+    assert set(phases) == {"forward_backward", "optimizer", "evaluation", "checkpoint"}
+    # the eval metrics' on_log (after the slow metrics) must not restart the evaluation's clock
+    assert phases["evaluation"] >= trainer.evaluations * slow_eval
+    assert phases["checkpoint"] >= trainer.saves * slow_save
+    # nor may a checkpoint's clock start before the evaluation it follows (a tiny model saves in milliseconds)
+    assert phases["checkpoint"] < trainer.evaluations * slow_eval
+    assert all("resumed_step" not in report for report in recorder.of("hf-badput"))  # a fresh run
+
+
+def test_hf_trainer_resumed_from_checkpoint_reports_its_step(recorder: Recorder, tmp_path: Path) -> None:
+    require("transformers")
+    from gpumon.client import Reporter
+    from gpumon.client.integrations.huggingface import GpumonCallback
+
+    first = GpumonCallback(job="hf-first", url=recorder.url, interval=60.0)
+    _hf_trainer(tmp_path / "first", first, 1, max_steps=4, save_strategy="steps", save_steps=2).train()
+    checkpoint = tmp_path / "first" / "checkpoint-2"
+    assert checkpoint.is_dir()
+    assert all("resumed_step" not in report for report in recorder.of("hf-first"))
+
+    # a Reporter the callback owns is created with the checkpoint's step
+    owned = GpumonCallback(job="hf-resumed", url=recorder.url, interval=60.0)
+    _hf_trainer(tmp_path / "owned", owned, 1, max_steps=4).train(resume_from_checkpoint=str(checkpoint))
+    assert recorder.final("hf-resumed")["totals"]["steps"] == 2  # steps 3 and 4
+    assert {report.get("resumed_step") for report in recorder.of("hf-resumed")} == {2}  # in every report
+
+    # the caller's Reporter is told with resume(); an evaluate() after train() is not the run's badput
+    reporter = Reporter(job="hf-resumed-own", url=recorder.url, interval=60.0)
+    trainer = _hf_trainer(
+        tmp_path / "own", GpumonCallback(reporter), 1, max_steps=4, slow_eval=0.2, eval_strategy="steps"
+    )  # evaluates at the end (at step 4): eval_steps come from the checkpoint's state, here the default 500
+    trainer.train(resume_from_checkpoint=str(checkpoint))
+    assert reporter.settings.resumed_step == 2
+    assert trainer.evaluations == 1
+    evaluation = reporter.totals["phases"]["evaluation"]
+    assert evaluation >= 0.2
+    trainer.evaluate()
+    assert trainer.evaluations == 2
+    assert reporter.totals["phases"]["evaluation"] == evaluation
+    reporter.close()
+    assert recorder.final("hf-resumed-own")["resumed_step"] == 2
+
+
 def test_hf_callback_rejects_ambiguous_token_count() -> None:
     require("transformers")
     from gpumon.client.integrations.huggingface import GpumonCallback
@@ -185,7 +292,10 @@ def test_hf_callback_rejects_ambiguous_token_count() -> None:
 # ---- Lightning ---------------------------------------------------------------------------------------------
 
 
-def _lightning_fit(callback: Any, accumulate: int) -> None:
+def _tiny_lm(val_sleep: float = 0.0, sanity_sleep: float = 0.0, save_sleep: float = 0.0) -> Any:
+    """A tiny LightningModule. ``validations`` counts validation runs during fit (not the sanity check), each
+    batch of which sleeps ``val_sleep`` (``sanity_sleep`` in the sanity check); ``saves`` counts checkpoints,
+    each of which sleeps ``save_sleep``; ``save_error``, if set, is raised by every save (after the sleep)."""
     pl = require("lightning.pytorch")
     torch = require("torch")
     torch.manual_seed(0)
@@ -195,30 +305,64 @@ def _lightning_fit(callback: Any, accumulate: int) -> None:
             super().__init__()
             self.emb = torch.nn.Embedding(64, 16)
             self.out = torch.nn.Linear(16, 64)
+            self.validations = self.saves = 0
+            self.save_error: BaseException | None = None
 
-        def training_step(self, batch: list[Any], batch_idx: int) -> Any:
+        def _loss(self, batch: list[Any]) -> Any:
             (tokens,) = batch
             logits = self.out(self.emb(tokens[:, :-1]))
             return torch.nn.functional.cross_entropy(logits.reshape(-1, 64), tokens[:, 1:].reshape(-1))
 
+        def training_step(self, batch: list[Any], batch_idx: int) -> Any:
+            return self._loss(batch)
+
+        def validation_step(self, batch: list[Any], batch_idx: int) -> Any:
+            time.sleep(sanity_sleep if self.trainer.sanity_checking else val_sleep)
+            return self._loss(batch)
+
+        def on_validation_start(self) -> None:
+            if not self.trainer.sanity_checking:
+                self.validations += 1
+
+        def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+            self.saves += 1
+            time.sleep(save_sleep)
+            if self.save_error is not None:
+                raise self.save_error
+
         def configure_optimizers(self) -> Any:
             return torch.optim.SGD(self.parameters(), lr=0.1)
 
-    data = torch.utils.data.DataLoader(
-        torch.utils.data.TensorDataset(torch.randint(0, 64, (40, 16))), batch_size=4
+    return TinyLM()
+
+
+def _token_rows(rows: int) -> Any:
+    torch = require("torch")
+    return torch.utils.data.DataLoader(
+        torch.utils.data.TensorDataset(torch.randint(0, 64, (rows, 16))), batch_size=4
     )
-    trainer = pl.Trainer(
-        max_steps=5,
-        accelerator="cpu",
-        devices=1,
-        accumulate_grad_batches=accumulate,
-        enable_checkpointing=False,
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        callbacks=[callback],
-    )
-    trainer.fit(TinyLM(), data)
+
+
+def _lightning_trainer(*callbacks: Any, **overrides: Any) -> Any:
+    pl = require("lightning.pytorch")
+    settings: dict[str, Any] = {
+        "max_steps": 5,
+        "accelerator": "cpu",
+        "devices": 1,
+        # a ModelCheckpoint among the callbacks is the only one, else none
+        "enable_checkpointing": any(isinstance(cb, pl.callbacks.Checkpoint) for cb in callbacks),
+        "logger": False,
+        "enable_progress_bar": False,
+        "enable_model_summary": False,
+        "callbacks": list(callbacks),
+        **overrides,
+    }
+    return pl.Trainer(**settings)
+
+
+def _lightning_fit(callback: Any, accumulate: int) -> None:
+    trainer = _lightning_trainer(callback, accumulate_grad_batches=accumulate)
+    trainer.fit(_tiny_lm(), _token_rows(40))
 
 
 def test_lightning_reports_every_micro_batch_per_optimizer_step(recorder: Recorder) -> None:
@@ -249,6 +393,130 @@ def test_lightning_with_own_reporter_and_constant_tokens(recorder: Recorder) -> 
     assert reporter.enabled  # flushed, not closed: it belongs to the caller
     reporter.close()
     assert recorder.final("pl-own")["totals"] == {"steps": 5, "tokens": 500, "samples": 20, "requests": 0}
+
+
+def test_lightning_times_validation_and_checkpoints(recorder: Recorder, tmp_path: Path) -> None:
+    pl = require("lightning.pytorch")
+    from gpumon.client.integrations.lightning import GpumonCallback
+
+    val_sleep, sanity_sleep, save_sleep = 0.05, 0.6, 0.1
+    callback = GpumonCallback(job="pl-badput", url=recorder.url, interval=60.0)
+    saver = pl.callbacks.ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=2, save_top_k=-1)
+    trainer = _lightning_trainer(
+        callback, saver, max_steps=4, val_check_interval=2, limit_val_batches=2, num_sanity_val_steps=1
+    )
+    module = _tiny_lm(val_sleep=val_sleep, sanity_sleep=sanity_sleep, save_sleep=save_sleep)
+    trainer.fit(module, _token_rows(40), _token_rows(8))
+
+    assert (module.validations, module.saves) == (2, 2)  # after steps 2 and 4
+    final = recorder.final("pl-badput")
+    assert final["totals"]["steps"] == 4
+    phases = final["phases"]
+    assert set(phases) == {"forward_backward", "optimizer", "evaluation", "checkpoint"}
+    assert phases["evaluation"] >= module.validations * 2 * val_sleep
+    assert phases["evaluation"] < sanity_sleep  # the sanity check is no evaluation of the run
+    assert phases["checkpoint"] >= module.saves * save_sleep
+    assert all("resumed_step" not in report for report in recorder.of("pl-badput"))  # a fresh run
+    assert "save_checkpoint" not in vars(trainer)  # the class's method again
+    assert callback.reporter is None
+
+
+def test_lightning_fit_from_a_checkpoint_reports_its_step(recorder: Recorder, tmp_path: Path) -> None:
+    pl = require("lightning.pytorch")
+    torch = require("torch")
+    from gpumon.client import Reporter
+    from gpumon.client.integrations.lightning import GpumonCallback
+
+    saver = pl.callbacks.ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=3, save_top_k=-1)
+    first = _lightning_trainer(GpumonCallback(job="pl-first", url=recorder.url, interval=60.0), saver)
+    first.fit(_tiny_lm(), _token_rows(40))
+    (path,) = tmp_path.glob("*step=3.ckpt")
+    step = torch.load(path, weights_only=False)["global_step"]
+    assert step == 3
+    assert all("resumed_step" not in report for report in recorder.of("pl-first"))
+
+    # a Reporter the callback owns is created with the checkpoint's step
+    owned = _lightning_trainer(GpumonCallback(job="pl-resumed", url=recorder.url, interval=60.0), max_steps=5)
+    owned.fit(_tiny_lm(), _token_rows(40), ckpt_path=str(path))
+    assert recorder.final("pl-resumed")["totals"]["steps"] == 2  # steps 4 and 5
+    assert {report.get("resumed_step") for report in recorder.of("pl-resumed")} == {step}
+
+    # the caller's Reporter is told with resume(); a validate() after fit is not the run's badput
+    reporter = Reporter(job="pl-resumed-own", url=recorder.url, interval=60.0)
+    trainer = _lightning_trainer(
+        GpumonCallback(reporter), max_steps=5, val_check_interval=1, limit_val_batches=1
+    )
+    module = _tiny_lm(val_sleep=0.05)
+    trainer.fit(module, _token_rows(40), _token_rows(8), ckpt_path=str(path))
+    assert module.validations == 2  # after steps 4 and 5
+    assert reporter.settings.resumed_step == step
+    evaluation = reporter.totals["phases"]["evaluation"]
+    assert evaluation >= module.validations * 0.05
+    trainer.validate(module, _token_rows(8))
+    assert reporter.totals["phases"]["evaluation"] == evaluation
+    reporter.close()
+    assert recorder.final("pl-resumed-own")["resumed_step"] == step
+
+
+def test_lightning_checkpoint_timing_keeps_the_callers_save_checkpoint(
+    recorder: Recorder, tmp_path: Path
+) -> None:
+    pl = require("lightning.pytorch")
+    from gpumon.client.integrations.lightning import GpumonCallback
+
+    saver = pl.callbacks.ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=2, save_top_k=-1)
+    callback = GpumonCallback(job="pl-spy", url=recorder.url, interval=60.0)
+    trainer = _lightning_trainer(callback, saver, max_steps=4)
+    calls: list[str] = []
+    original = trainer.save_checkpoint
+
+    def spy(filepath: Any, *args: Any, **kwargs: Any) -> None:  # the caller's own instance attribute
+        calls.append(str(filepath))
+        time.sleep(0.1)
+        original(filepath, *args, **kwargs)
+
+    trainer.save_checkpoint = spy
+    trainer.fit(_tiny_lm(), _token_rows(40))
+    assert len(calls) == 2
+    assert vars(trainer)["save_checkpoint"] is spy  # put back as it was, not deleted
+    assert recorder.final("pl-spy")["phases"]["checkpoint"] >= 2 * 0.1  # timed through the caller's
+
+
+def test_lightning_times_the_last_checkpoint_saved_at_train_end(recorder: Recorder, tmp_path: Path) -> None:
+    pl = require("lightning.pytorch")
+    from gpumon.client.integrations.lightning import GpumonCallback
+
+    # nothing saved during the run: ModelCheckpoint saves "last" in its on_train_end, after this callback's
+    saver = pl.callbacks.ModelCheckpoint(dirpath=tmp_path, save_last=True, every_n_train_steps=100)
+    trainer = _lightning_trainer(GpumonCallback(job="pl-last", url=recorder.url, interval=60.0), saver)
+    module = _tiny_lm(save_sleep=0.1)
+    trainer.fit(module, _token_rows(40))
+    assert module.saves == 1
+    assert (tmp_path / "last.ckpt").is_file()
+    assert recorder.final("pl-last")["phases"]["checkpoint"] >= 0.1
+
+
+def test_lightning_failing_checkpoint_propagates_and_is_unwrapped_once(
+    recorder: Recorder, tmp_path: Path
+) -> None:
+    pl = require("lightning.pytorch")
+    from gpumon.client.integrations.lightning import GpumonCallback
+
+    callback = GpumonCallback(job="pl-fail", url=recorder.url, interval=60.0)
+    saver = pl.callbacks.ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=2, save_top_k=-1)
+    trainer = _lightning_trainer(callback, saver, max_steps=4)
+    module = _tiny_lm(save_sleep=0.1)
+    module.save_error = OSError("disk full")
+    with pytest.raises(OSError, match="disk full"):
+        trainer.fit(module, _token_rows(40))
+
+    assert module.saves == 1
+    assert "save_checkpoint" not in vars(trainer)
+    callback.teardown(trainer, module, "fit")  # a late hook finds nothing left to undo or to send
+    assert "save_checkpoint" not in vars(trainer)
+    final = recorder.final("pl-fail")  # exactly one: on_exception sent it
+    assert final["totals"]["steps"] == 2
+    assert final["phases"]["checkpoint"] >= 0.1  # the failed save held training up too
 
 
 def test_lightning_count_returning_a_tensor_is_refused_not_synced(caplog: pytest.LogCaptureFixture) -> None:

@@ -13,8 +13,28 @@ One ``Reporter.step()`` per optimizer step (``on_step_end``), with this rank's n
 
 Phases, host wall-clock between the Trainer's own hooks (no GPU sync is added): ``forward_backward`` from
 ``on_step_begin`` to ``on_pre_optimizer_step`` (all micro-batches, plus gradient clipping), ``optimizer`` from
-there to ``on_optimizer_step``. The gap between steps also holds logging, evaluation and checkpointing, so it
-is not reported as ``data_wait``. Transformers versions without those two hooks report no phases.
+there to ``on_optimizer_step``. Transformers versions without those two hooks report neither.
+
+Evaluation and checkpointing (badput to the daemon's goodput ledger) and the resumed step, from the order of
+events in ``Trainer._inner_training_loop`` (checked against transformers 5.24):
+
+1. ``resume_from_checkpoint``'s trainer state is loaded, then ``on_train_begin``: ``state.global_step``
+   there is the checkpoint's step (0 on a fresh run), sent as ``resumed_step`` (an owned Reporter is created
+   with it, a caller's gets ``resume()``; a fresh run sends none). ``eval_on_start`` evaluates right after.
+2. Per optimizer step: ``on_step_begin``, the micro-batches, ``on_pre_optimizer_step``, the optimizer step,
+   ``on_optimizer_step``, ``global_step += 1``, ``on_step_end``; then ``_maybe_log_save_evaluate``, in this
+   order: logging (the loss's ``.item()`` waits for the GPU, then ``on_log``); evaluation
+   (``on_prediction_step`` per eval batch, ``on_log`` of the eval metrics, then ``on_evaluate``); saving
+   (``_save_checkpoint``, then ``on_save``).
+3. At each epoch's end: ``on_epoch_end``, then ``_maybe_log_save_evaluate`` again. Last, ``on_train_end``.
+
+So ``evaluation`` is timed from the latest mark to ``on_evaluate`` (eval dataloader setup included) and
+``checkpoint`` from the latest mark to ``on_save``. Marks: ``on_train_begin``, ``on_step_end``, a training
+``on_log`` (after the GPU wait, which belongs to the step), ``on_epoch_end``, ``on_evaluate`` and ``on_save``;
+the ``on_log`` an evaluation sends is not one. ``trainer.predict()`` during training (``on_predict``) counts
+as evaluation. ``trainer.evaluate()`` outside ``train()`` is no run's badput and is not timed (except after a
+``train()`` that raised: the Trainer has no exception hook to end the run on). The rest of the gap between
+steps (logging) is not reported, and not as ``data_wait`` either.
 """
 
 from __future__ import annotations
@@ -61,6 +81,8 @@ class GpumonCallback(TrainerCallback, ReporterOwner):
         self._tokens = 0
         self._t_step: float | None = None
         self._t_opt: float | None = None
+        self._mark: float | None = None  # the latest evaluation/checkpoint mark; None outside train()
+        self._evaluating = False  # an evaluation's batches ran, its on_evaluate is still to come
 
     def on_train_begin(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
@@ -73,10 +95,16 @@ class GpumonCallback(TrainerCallback, ReporterOwner):
         else:
             self._tokens = 0
             log.info("gpumon: neither tokens_per_step nor seq_len given: reporting samples only")
+        # the checkpoint's step: the Trainer restored its state from resume_from_checkpoint before this hook
+        resumed = state.global_step
         # a Reporter still open here is one a failed train() left behind: the Trainer has no exception hook
         if self._owned:
             dtype = _dtype(args, kwargs.get("model"))
-            self._open(dtype, args.process_index, args.world_size, args.local_process_index, args.device)
+            rank, world, local = args.process_index, args.world_size, args.local_process_index
+            self._open(dtype, rank, world, local, args.device, resumed_step=resumed)
+        else:
+            self._resume(resumed)
+        self._mark, self._evaluating = time.perf_counter(), False  # eval_on_start evaluates right after this
 
     def on_step_begin(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
@@ -102,11 +130,68 @@ class GpumonCallback(TrainerCallback, ReporterOwner):
         self._t_step = self._t_opt = None
         if self.reporter is not None:
             self.reporter.step(tokens=self._tokens, samples=self._samples)
+        self._set_mark()
+
+    def on_log(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        # a training log's loss.item() waited for the GPU to finish the step: not evaluation or checkpointing;
+        # an evaluation logs its metrics before its on_evaluate, and that time is the evaluation's
+        if not self._evaluating:
+            self._set_mark()
+
+    def on_prediction_step(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        if self._mark is not None:
+            self._evaluating = True
+
+    def on_evaluate(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        self._evaluating = False
+        self._phase_since_mark("evaluation")
+
+    def on_predict(
+        self,
+        args: TrainingArguments,
+        state: TrainerState,
+        control: TrainerControl,
+        metrics: Any,
+        **kwargs: Any,
+    ) -> None:
+        # trainer.predict() run during training (a callback generating samples) is evaluation too
+        self._evaluating = False
+        self._phase_since_mark("evaluation")
+
+    def on_save(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        self._phase_since_mark("checkpoint")
+
+    def on_epoch_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        self._set_mark()
 
     def on_train_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
+        self._mark, self._evaluating = None, False  # trainer.evaluate() from here on is not this run's
         self._close()
+
+    def _set_mark(self) -> None:
+        if self._mark is not None:  # None: not training, and nothing after this is this run's badput
+            self._mark = time.perf_counter()
+
+    def _phase_since_mark(self, name: str) -> None:
+        """Add the time since the latest mark to phase ``name`` and mark now (only while training)."""
+        if self._mark is None:
+            return
+        now = time.perf_counter()
+        if self.reporter is not None:
+            self.reporter.add_phase(name, now - self._mark)
+        self._mark = now
 
 
 def _dtype(args: TrainingArguments, model: Any) -> object:

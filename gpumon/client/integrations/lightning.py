@@ -11,10 +11,29 @@ one info line says so. The callables run on every batch and must return Python i
 Phases (automatic optimization only; host wall-clock): ``forward_backward`` from ``on_train_batch_start`` to
 ``on_before_optimizer_step`` (or the batch end when accumulating), ``optimizer`` from there to the batch end.
 No data_wait: the gap between batches also holds validation, logging and checkpointing.
+
+Evaluation and checkpointing (badput to the daemon's goodput ledger) and the resumed step, from the order of
+events in ``Trainer.fit`` (checked against Lightning 2.6):
+
+- ``ckpt_path``'s training state (loops included) is restored before the sanity check and
+  ``on_train_start``: ``trainer.global_step`` there is the checkpoint's step (0 on a fresh run), sent as
+  ``resumed_step`` (an owned Reporter is created with it, a caller's gets ``resume()``; a fresh run: none).
+- ``evaluation``: from ``on_validation_start`` to ``on_validation_end`` of each validation run during fit
+  (after a batch's ``on_train_batch_end``, or at an epoch's end); not the sanity check (it runs before
+  ``on_train_start``), nor ``trainer.validate()``.
+- ``checkpoint``: Lightning has no hook after a checkpoint is written, so ``trainer.save_checkpoint`` (which
+  ``ModelCheckpoint`` and user code call) is wrapped on this Trainer instance from ``on_train_start`` to the
+  end of fit (``teardown``, or ``on_exception``), and each call is timed, a failing one too (its exception
+  goes on up). With an asynchronous ``CheckpointIO`` that is the time training was blocked. A save inside a
+  timed validation or batch is taken out of their time, not counted twice. Lightning runs ``ModelCheckpoint``
+  after every other callback, so its saves in ``on_validation_end`` and ``on_train_end`` (``save_last``) come
+  after this callback's hooks: the Reporter is closed at ``teardown`` rather than ``on_train_end`` so the
+  latter still counts. Saves a checkpoint callback makes in ``on_exception`` follow the final report: untimed.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 import logging
 import numbers
@@ -38,6 +57,7 @@ log = logging.getLogger(__name__)
 _extract_batch_size = importlib.import_module(f"{pl.__name__}.utilities.data").extract_batch_size
 # Trainer(precision=...) prefix -> report dtype ("bf16-mixed", "16-mixed", "32-true", ...)
 _PRECISIONS = {"bf16": "bf16", "16": "fp16", "32": "fp32", "transformer": "fp8"}
+_NOTHING = object()  # the Trainer had no save_checkpoint attribute of its own: only the class's method
 
 
 class GpumonCallback(pl.Callback, ReporterOwner):
@@ -63,6 +83,10 @@ class GpumonCallback(pl.Callback, ReporterOwner):
         self._samples = self._tokens = self._last_global_step = 0
         self._mark: float | None = None  # start of the phase now running
         self._in_optimizer = self._phases = self._count_failed = self._running = False
+        self._validation_start: float | None = None  # while a validation during fit runs
+        # (trainer, its own save_checkpoint attribute before ours or _NOTHING, our wrapper) while fit runs
+        self._save_patch: tuple[Any, Any, Callable[..., Any]] | None = None
+        self._patch_failed = False
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._samples = self._tokens = 0
@@ -71,9 +95,15 @@ class GpumonCallback(pl.Callback, ReporterOwner):
         self._phases = pl_module.automatic_optimization  # manual: optimizers step anywhere, no phase bounds
         if self._tokens_per_step is None and self._tokens_from_batch is None:
             log.info("gpumon: neither tokens_per_step nor tokens_from_batch given: reporting samples only")
+        resumed = trainer.global_step
         if self._owned:
             dtype = _PRECISIONS.get(str(trainer.precision).split("-")[0])
-            self._open(dtype, trainer.global_rank, trainer.world_size, trainer.local_rank, pl_module.device)
+            rank, world, local = trainer.global_rank, trainer.world_size, trainer.local_rank
+            self._open(dtype, rank, world, local, pl_module.device, resumed_step=resumed)
+        else:
+            self._resume(resumed)
+        self._validation_start = None
+        self._wrap_save_checkpoint(trainer)
 
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
@@ -119,18 +149,83 @@ class GpumonCallback(pl.Callback, ReporterOwner):
             log.warning("gpumon: %s cannot count a batch (%s): counting 0", count, problem)
         return 0
 
-    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._finish()
+    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._running and not trainer.sanity_checking:
+            self._validation_start = time.perf_counter()
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        start, self._validation_start = self._validation_start, None
+        if start is not None and self.reporter is not None:
+            self.reporter.add_phase("evaluation", time.perf_counter() - start)
+
+    # no on_train_end: ModelCheckpoint's (save_last) runs after it, and that save is this run's checkpoint too
 
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exc: BaseException) -> None:
-        self._finish()  # on_train_end does not run when training fails: still send the final report
+        self._finish()  # teardown does not run when training fails: still send the final report
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage == "fit":
             self._finish()
 
     def _finish(self) -> None:
-        if not self._running or self.reporter is None:  # on_train_end and teardown both run: finish once
+        self._unwrap_save_checkpoint()
+        if not self._running or self.reporter is None:  # on_exception and teardown may both run: finish once
             return
         self._running = False
+        self._validation_start = self._mark = None
         self._close()
+
+    def _wrap_save_checkpoint(self, trainer: pl.Trainer) -> None:
+        """Time every ``trainer.save_checkpoint`` call of this fit, through an attribute of this instance."""
+        self._unwrap_save_checkpoint()  # a fit that ended past every hook that would have removed it
+        try:
+            original = getattr(trainer, "save_checkpoint", None)
+            if not callable(original):  # not a Lightning Trainer (a test double): nothing to time
+                return
+            # a caller's own wrapper, if any, goes on running under ours, and comes back after fit
+            before = vars(trainer).get("save_checkpoint", _NOTHING)
+
+            @functools.wraps(original)
+            def save_checkpoint(*args: Any, **kwargs: Any) -> Any:
+                start = time.perf_counter()
+                try:
+                    return original(*args, **kwargs)
+                finally:  # a failed save blocked training too; its exception goes on to the caller
+                    if self._save_patch is not None and self._save_patch[2] is save_checkpoint:
+                        self._saved(time.perf_counter() - start)
+
+            trainer.save_checkpoint = save_checkpoint  # type: ignore[method-assign]
+            self._save_patch = (trainer, before, save_checkpoint)
+        except Exception as exc:  # a monitoring callback must not stop training: go on without its times
+            self._patch_warning("cannot time trainer.save_checkpoint", exc)
+
+    def _saved(self, seconds: float) -> None:
+        if not self._running or self.reporter is None:
+            return
+        self.reporter.add_phase("checkpoint", seconds)
+        # a save inside a timed validation or batch (a callback's hook, user code) is not theirs as well
+        if self._validation_start is not None:
+            self._validation_start += seconds
+        if self._mark is not None:
+            self._mark += seconds
+
+    def _unwrap_save_checkpoint(self) -> None:
+        """Put the Trainer's save_checkpoint back as it was, once. A wrapper set over ours stays, and ours
+        inside it then only passes calls on."""
+        patch, self._save_patch = self._save_patch, None
+        if patch is None:
+            return
+        trainer, before, wrapper = patch
+        try:
+            if vars(trainer).get("save_checkpoint") is wrapper:
+                if before is _NOTHING:
+                    del trainer.save_checkpoint  # the class's method again
+                else:
+                    trainer.save_checkpoint = before
+        except Exception as exc:
+            self._patch_warning("cannot restore trainer.save_checkpoint", exc)
+
+    def _patch_warning(self, what: str, exc: Exception) -> None:
+        if not self._patch_failed:
+            self._patch_failed = True
+            log.warning("gpumon: %s (%s): checkpoint time is not reported", what, exc)

@@ -21,8 +21,11 @@ class ReporterOwner:
         self._owned = reporter is None
         self._kwargs = reporter_kwargs
 
-    def _open(self, dtype: object, rank: int, world_size: int, local_rank: int, device: Any) -> None:
-        """A new owned Reporter from the framework's view (``device`` only if it is a CUDA device)."""
+    def _open(
+        self, dtype: object, rank: int, world_size: int, local_rank: int, device: Any, resumed_step: int = 0
+    ) -> None:
+        """A new owned Reporter from the framework's view (``device`` only if it is a CUDA device;
+        ``resumed_step``, the global step restored from a checkpoint, only when resuming)."""
         if self.reporter is not None:  # the previous run raised past every hook that would have closed it
             self.reporter.close()
         defaults: dict[str, Any] = {"dtype": dtype}
@@ -30,7 +33,15 @@ class ReporterOwner:
             defaults.update(rank=rank, world_size=world_size, local_rank=local_rank)
         if getattr(device, "type", None) == "cuda":
             defaults["device"] = device  # mapped to an NVML GPU through CUDA_VISIBLE_DEVICES by the SDK
+        if resumed_step > 0:  # a fresh run sends no resumed_step at all, as an SDK without the field would
+            defaults["resumed_step"] = resumed_step
         self.reporter = Reporter(**{**defaults, **self._kwargs})
+
+    def _resume(self, step: int) -> None:
+        """Tell the caller's Reporter the global step this run resumed from (an owned one got it from _open).
+        Not on a fresh run: whatever the caller set themselves stands."""
+        if not self._owned and step > 0 and self.reporter is not None:
+            self.reporter.resume(step)
 
     def _close(self) -> None:
         if self.reporter is None:
