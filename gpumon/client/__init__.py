@@ -30,8 +30,8 @@ every argument is optional. Left None:
 Hot path, none of which does I/O, waits, touches the GPU or raises: ``step(tokens=0, samples=0)`` once per
 optimizer step; ``with reporter.phase(name):`` (or the shortcuts data_wait, forward_backward, communication,
 optimizer, checkpoint, evaluation); ``add_phase(name, seconds)`` for time measured elsewhere;
-``request(tokens=0, latency=None)`` per served request. step() and the phase context managers belong to one thread (the training
-loop's); add_phase() and request() may be called from any thread.
+``request(tokens=0, latency=None)`` per served request. step() and the phase context managers belong to one
+thread (the training loop's); add_phase() and request() may be called from any thread.
 
 Also: ``resume(step)`` (the checkpoint loaded after the Reporter was made), ``totals`` (a copy of the
 cumulative counters and phase seconds), ``flush(timeout=2.0) -> bool``,
