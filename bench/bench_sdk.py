@@ -25,7 +25,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter
 
 from gpumon.client import Reporter
-from gpumon.client.allocator import AllocatorReader
+from gpumon.client.process.allocator import AllocatorReader
 
 INC = "prometheus_client Counter.inc()"
 STEP = "reporter.step(tokens=4096, samples=8)"

@@ -21,11 +21,11 @@ from collections.abc import Callable
 from typing import Any
 
 from gpumon.client import lifecycle
-from gpumon.client.allocator import AllocatorReader
 from gpumon.client.counts import COUNT_HINT, as_count, as_seconds, mistake
 from gpumon.client.lifecycle import AT_EXIT_TIMEOUT
 from gpumon.client.phases import NULL_PHASE, NullPhase, Phase
-from gpumon.client.procstart import process_start_time
+from gpumon.client.process.allocator import AllocatorReader
+from gpumon.client.process.start import process_start_time
 from gpumon.client.protocol import BUCKETS, MAX_PER_CALL, MAX_PER_CALL_SECONDS, MAX_PHASES, PHASE_PATTERN
 from gpumon.client.report import build_report, extend
 from gpumon.client.settings import FlopsModel, Settings, check_step, env_flag, resolve

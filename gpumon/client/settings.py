@@ -10,9 +10,9 @@ import numbers
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from gpumon.client.allocator import cuda_ordinal
 from gpumon.client.devices import resolve_devices
 from gpumon.client.launcher import detect_job, detect_placement, sanitize_name
+from gpumon.client.process.allocator import cuda_ordinal
 from gpumon.client.protocol import (
     CONVENTIONS,
     DEFAULT_URL,

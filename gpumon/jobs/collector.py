@@ -17,7 +17,7 @@ from gpumon.client import protocol as P
 from gpumon.jobs.analysis import Analysis, JobResult, RankResult
 from gpumon.jobs.diagnosis import BOTTLENECKS
 from gpumon.jobs.families import RowFamily
-from gpumon.jobs.ledger import CAUSES
+from gpumon.jobs.goodput.ledger import CAUSES
 from gpumon.jobs.store import RankView
 
 OUTCOMES = (

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpumon.jobs.analysis import JobResult, RankResult
-from gpumon.jobs.goodput import ledger_json, ledger_line
+from gpumon.jobs.goodput.summary import ledger_json, ledger_line
 from gpumon.jobs.memoryview import memory_json
 
 

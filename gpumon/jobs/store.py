@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from gpumon.client import protocol as P
-from gpumon.jobs.ledger import Ledger, LedgerView
+from gpumon.jobs.goodput.ledger import Ledger, LedgerView
 from gpumon.jobs.report import Report
 
 MAX_POINTS = 512  # per rank: 60 s of reports at 8/s; more only shortens the effective window

@@ -22,8 +22,8 @@ from test_reporter import Server, sdk_logs, wait_until
 
 from gpumon.client import Reporter
 from gpumon.client import protocol as P
-from gpumon.client.allocator import AllocatorReader, cuda_ordinal
-from gpumon.client.procstart import process_start_time
+from gpumon.client.process.allocator import AllocatorReader, cuda_ordinal
+from gpumon.client.process.start import process_start_time
 
 GIB = 1 << 30
 # torch.cuda.memory_stats() of a real process (PyTorch 2.x): each stat per pool ("all", "large_pool",

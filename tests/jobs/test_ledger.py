@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from support.reports import T0, histogram, report
 
-from gpumon.jobs.ledger import CAUSES, STALL_FLOOR, Ledger
+from gpumon.jobs.goodput.ledger import CAUSES, STALL_FLOOR, Ledger
 from gpumon.jobs.report import parse
 from gpumon.jobs.store import JobStore
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from gpumon.jobs.ledger import CAUSES, LedgerView
+from gpumon.jobs.goodput.ledger import CAUSES, LedgerView
 
 _NAMES = {"data_wait": "data wait", "lost_progress": "lost progress", "slow_steps": "slow steps"}
 
