@@ -193,3 +193,4 @@ def test_the_store_carries_the_ledger_across_restarts_and_expiry() -> None:
     (view,) = store.views(s + 1)
     assert view.ledger.badput["restart"] == pytest.approx(20.0)  # its last step at T0 + 2 to this one's first
     assert view.restarts == 1
+

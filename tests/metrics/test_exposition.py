@@ -133,6 +133,15 @@ def test_every_registered_metric_is_served_and_nothing_else(mixed_node) -> None:
     assert served - registered == set(), "served but not in gpumon/metrics/"
 
 
+def test_a_scrape_hands_each_jobs_baseline_step_time_to_the_goodput_ledger(mixed_node) -> None:
+    """The ledger's slow steps are measured at ingest, between scrapes: a scrape keeps the matched baseline's
+    step time where ingest reads it (the sampler's listener does too, every 10 s)."""
+    collector = jobs(pinned(mixed_node))
+    assert collector.analysis.store.baseline_steps == {}
+    list(collector.collect())
+    assert collector.analysis.store.baseline_steps == {"chat": 0.125}  # the scene's one baseline
+
+
 def test_a_down_gpu_keeps_its_health_series_and_loses_its_values(mixed_node) -> None:
     text = exposition(mixed_node)
     uuid = mixed_node.gpus[3].info.uuid
