@@ -239,6 +239,9 @@ class Transport:
                 os.close(sock.detach())  # detached: the socket object will not close the fd number again
 
 
+CORE_RETRY = 600.0  # seconds between tries of the optional fields with a daemon that refused them
+
+
 def _refuses_extension(detail: str) -> bool:
     """The answer of a daemon that does not know an optional field: 'unknown field 'memory' (...)'."""
     return any(detail.startswith(f"unknown field {name!r}") for name in EXTENSIONS)
@@ -278,8 +281,10 @@ class Sender:
         self._backoff = 0.0
         self._outage = False
         self._rejections: set[tuple[int, str]] = set()
-        # a daemon older than the optional fields refuses them as unknown: then they are left out for good
+        # a daemon older than the optional fields refuses them as unknown: then they are left out, and tried
+        # again every CORE_RETRY seconds in case the daemon was upgraded
         self.core_only = False
+        self._core_since = 0.0
         # never the global random: training scripts seed it and expect their own sequence
         self._random = random.Random()
 
@@ -287,6 +292,9 @@ class Sender:
         """Send ``report`` (its "seq" is filled in here); True when the daemon has this data."""
         self.seq += 1
         report["seq"] = self.seq
+        if self.core_only and time.monotonic() - self._core_since >= CORE_RETRY:
+            self.core_only = False
+        full = report
         if self.core_only:
             report = core(report)
         try:
@@ -294,14 +302,18 @@ class Sender:
         except (TypeError, ValueError) as exc:
             log.warning("gpumon: could not encode a report (%s); this one is skipped", exc)
             return False
+        started = time.monotonic()
         status, detail = self.transport.post(body, timeout)
-        if status == 400 and not self.core_only and _refuses_extension(detail):
-            log.info(
-                "gpumon: daemon at %s predates the goodput and allocator fields (%s); sending reports "
-                "without them", self.transport.url, detail,
-            )  # fmt: skip
-            self.core_only = True
-            return self.send(report, timeout)
+        # every released daemon answers an unknown field with 422 (400 for a body that is not JSON)
+        if status in (400, 422) and not self.core_only and _refuses_extension(detail):
+            if not self._core_since:
+                log.info(
+                    "gpumon: daemon at %s predates the goodput and allocator fields (%s); sending reports "
+                    "without them", self.transport.url, detail,
+                )  # fmt: skip
+            self.core_only, self._core_since = True, time.monotonic()
+            left = None if timeout is None else max(0.0, timeout - (time.monotonic() - started))
+            return self.send(full, left)
         if 200 <= status < 300:
             if self._outage or self._rejections:
                 log.info("gpumon: daemon at %s accepts reports again", self.transport.url)

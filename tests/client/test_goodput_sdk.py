@@ -22,6 +22,7 @@ from test_reporter import Server, sdk_logs, wait_until
 
 from gpumon.client import Reporter
 from gpumon.client import protocol as P
+from gpumon.client import transport as transport_module
 from gpumon.client.process.allocator import AllocatorReader, cuda_ordinal
 from gpumon.client.process.start import process_start_time
 
@@ -238,7 +239,8 @@ def test_an_older_daemon_gets_reports_without_the_new_fields(
 
     def old_daemon(body: dict[str, Any]) -> tuple[int, str]:
         unknown = sorted(set(body) & set(P.EXTENSIONS))
-        return (400, f"unknown field {unknown[0]!r} (protocol version 1)") if unknown else (204, "")
+        # what every released daemon answers (gpumon/jobs/api.py: 422 for an invalid report)
+        return (422, f"unknown field {unknown[0]!r} (protocol version 1)") if unknown else (204, "")
 
     srv.judge = old_daemon
     with caplog.at_level(logging.INFO, logger="gpumon.client"):
@@ -247,8 +249,28 @@ def test_an_older_daemon_gets_reports_without_the_new_fields(
         wait_until(lambda: len(srv.accepted()) >= 3)
     assert all(not set(b) & set(P.EXTENSIONS) for b in srv.accepted())
     assert srv.accepted()[-1]["totals"]["tokens"] == 5
-    assert len([b for b in srv.bodies if "resumed_step" in b]) == 1  # refused once, then never sent again
+    assert len([b for b in srv.bodies if "resumed_step" in b]) == 1  # refused once, then left out
     assert not sdk_logs(caplog, "rejected") and sdk_logs(caplog, "predates", logging.INFO)
+
+
+def test_the_new_fields_are_tried_again_after_a_while_in_case_the_daemon_was_upgraded(
+    server: Server, reporters: Callable[..., Reporter], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    srv = server()
+    upgraded = threading.Event()
+
+    def daemon(body: dict[str, Any]) -> tuple[int, str]:
+        if upgraded.is_set() or "resumed_step" not in body:
+            return 204, ""
+        return 422, "unknown field 'process_started' (protocol version 1)"
+
+    srv.judge = daemon
+    monkeypatch.setattr(transport_module, "CORE_RETRY", 0.3)
+    r = reporters(url=srv.url, resumed_step=10, interval=0.02)
+    wait_until(lambda: len(srv.accepted()) >= 2)
+    upgraded.set()
+    srv.wait_for(lambda b: "resumed_step" in b and srv.accepted()[-1] is b)
+    assert r.flush() and srv.bodies[-1]["resumed_step"] == 10
 
 
 def test_process_start_time_reads_proc(tmp_path: Path) -> None:

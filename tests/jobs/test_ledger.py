@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 from support.reports import T0, histogram, report
 
+from gpumon.client import protocol as P
 from gpumon.jobs.goodput.ledger import CAUSES, STALL_FLOOR, Ledger
 from gpumon.jobs.report import parse
 from gpumon.jobs.store import JobStore
@@ -194,3 +195,37 @@ def test_the_store_carries_the_ledger_across_restarts_and_expiry() -> None:
     assert view.ledger.badput["restart"] == pytest.approx(20.0)  # its last step at T0 + 2 to this one's first
     assert view.restarts == 1
 
+
+
+def test_phase_time_reported_after_the_fact_takes_back_what_waits_for_a_step() -> None:
+    """A callback that learns of a save only when it ends (add_phase): its seconds are older than the report
+    carrying them, and take back the time held since the last step, not the next step's."""
+    reports = [rep(T0 + 1, 1, first=T0 + 1, last=T0 + 1), rep(T0 + 2, 11, first=T0 + 1, last=T0 + 2)]
+    reports += [rep(T0 + 2 + k, 11, first=T0 + 1, last=T0 + 2) for k in range(1, 8)]  # 7 s, no step
+    reports.append(rep(T0 + 10, 11, first=T0 + 1, last=T0 + 2, phases={"checkpoint": 8.0}))
+    reports.append(rep(T0 + 11, 21, first=T0 + 1, last=T0 + 11, phases={"checkpoint": 8.0}))
+    out = feed(Ledger(), *reports)
+    assert out == pytest.approx({"startup": 1.0, "checkpoint": 8.0, "goodput": 2.0})
+
+
+def test_a_stall_no_report_saw_is_found_in_the_step_histogram() -> None:
+    """Reports 30 s apart (or a process frozen whole): the 30 s step is in the histogram's (25, 60] bucket."""
+    first = rep(T0 + 2, 11, first=T0 + 1, last=T0 + 2)
+    late = rep(T0 + 33, 21, first=T0 + 1, last=T0 + 33)  # 9 steps of 0.1 s and one of 30.1 s
+    late["step_seconds"] = histogram(19, 0.1)
+    late["step_seconds"]["counts"][P.BUCKETS.index(60.0)] += 1
+    late["step_seconds"]["counts"][P.BUCKETS.index(0.1)] -= 1
+    late["step_seconds"]["sum"] = 18 * 0.1 + 30.1
+    out = feed(Ledger(), rep(T0 + 1, 1, first=T0 + 1, last=T0 + 1), first, late)
+    assert out == pytest.approx({"startup": 1.0, "stall": 30.1, "goodput": 1.0 + 0.9})
+
+
+def test_a_daemon_that_restarts_while_a_rank_loads_does_not_count_its_start_up_again() -> None:
+    """The previous daemon counted the rank's start-up until it went; this one counts from its first sight."""
+    start = T0 + 10
+    out = feed(
+        Ledger(),
+        rep(start + 400, 0, started=start, process_started=start - 300, seq=400),
+        rep(start + 401, 0, started=start, process_started=start - 300, seq=401),
+    )
+    assert out == pytest.approx({"startup": 1.0, "goodput": 0.0})

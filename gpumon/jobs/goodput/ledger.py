@@ -15,8 +15,12 @@ every second of that interval lands in exactly one bucket. Which bucket, when se
    last step on.
 
 Counters only grow: a stall is recognised late, so time waiting for a step is held (``pending``) and
-classified when the step lands or the stall is recognised. Time after the last step of a process that is
-never followed by another is not counted. Not thread-safe: the job store calls it under its lock.
+classified when the step lands or the stall is recognised. A stall no report saw (reports far apart, a
+process frozen whole) is found when the step lands, in the step histogram's buckets above the threshold.
+Phase time reported after the fact (``add_phase`` once a save ended) takes back held time, not the next
+step's. Time after the last step of a process that is never followed by another is not counted, and a rank
+first seen after its first reports (the daemon started later) is accounted from then on. Not thread-safe:
+the job store calls it under its lock.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from gpumon.client.protocol import BUCKETS
 from gpumon.jobs.report import Report
 
 CAUSES = (
@@ -80,6 +85,8 @@ class Ledger:
         self._seen: dict[str, float] = {}  # its claiming phases' seconds accounted so far
         self._high = 0.0  # the rank's high-water global step
         self._base = 0.0  # the global step this process started from
+        self._hist: tuple[tuple[float, ...], float] = ((), 0.0)  # its step histogram at the last report
+        self._claimed = 0.0  # phase seconds claimed since its last step
 
     def view(self) -> LedgerView:
         return LedgerView(
@@ -109,6 +116,7 @@ class Ledger:
             if r.anchor_time is None or r.anchor is None:
                 self._add("restart" if self._follows else "startup", left)
                 self._seen = _claimable(r)
+                self._hist = _histogram(r)
                 self._to = r.time
                 return
             before = min(left, max(0.0, r.anchor_time - self._to))
@@ -122,6 +130,7 @@ class Ledger:
         for phase in CLAIMING_PHASES:
             left -= self._claim(phase, r, left)
         self._after_claims(r, left, baseline_step)
+        self._hist = _histogram(r)
         self._to = r.time
 
     def _start(self, r: Report) -> bool:
@@ -131,6 +140,8 @@ class Ledger:
         self._stepped = False
         self._steps = 0.0
         self._seen = {}
+        self._hist = ((), 0.0)
+        self._claimed = 0.0
         self._base = self._high if r.resumed_step is None else float(r.resumed_step)
         if not first:
             # the predecessor's time after its last step, and the gap until this process, is the restart's
@@ -139,13 +150,16 @@ class Ledger:
             self._stalled = False
             self._follows = True
             return False
-        if r.anchor is not None and r.seq >= SEEN_FROM_START:
-            # stepping already (the daemon started after it, or missed its first reports): account from now
+        if r.seq >= SEEN_FROM_START:
+            # the daemon started after this process (or missed its first reports): its past, start-up
+            # included, may be another daemon's count already, so it is accounted from now on
             self.since = self._to = r.time
-            self._stepped = True
-            self._steps = r.totals.steps
-            self._high = self._base + self._steps
             self._seen = _claimable(r)
+            self._hist = _histogram(r)
+            if r.anchor is not None:
+                self._stepped = True
+                self._steps = r.totals.steps
+                self._high = self._base + self._steps
             return True
         self.since = self._to = min(r.process_started or r.started, r.started, r.time)
         return False
@@ -156,8 +170,14 @@ class Ledger:
         if now <= seen:
             return 0.0  # a running phase's reading lags by a report when it ends
         self._seen[phase] = now
-        taken = min(now - seen, max(0.0, left))
-        self._add(phase, taken)
+        grown = now - seen
+        taken = min(grown, max(0.0, left))
+        # time reported after the fact (add_phase once a save ended) may be older than this interval: it
+        # takes back what still waits for a step; what a stall took already is gone with it
+        late = min(grown - taken, self._pending)
+        self._pending -= late
+        self._add(phase, taken + late)
+        self._claimed += taken + late
         return taken
 
     def _after_claims(self, r: Report, left: float, baseline_step: float | None) -> None:
@@ -174,6 +194,7 @@ class Ledger:
         tail = min(left, max(0.0, r.time - last))  # waiting for the next step already
         work = self._pending + left - tail
         self._pending = tail
+        claimed, self._claimed = self._claimed, 0.0
         if self._stalled:  # the step that ended the stall: its share of the interval is the stall's too
             self._stalled = False
             share = (left - tail) / steps
@@ -184,6 +205,21 @@ class Ledger:
             if steps <= 0:
                 self._high = max(self._high, self._base + self._steps)
                 return
+        else:
+            # a stall no report saw (reports far apart, or the whole process frozen): the step histogram
+            # still has the long steps
+            long_steps, long_time = self._long_steps(r)
+            if long_steps > 0:
+                stall = min(work, max(0.0, long_time - claimed))
+                self._add("stall", stall)
+                work -= stall
+                steps -= long_steps
+                self._steps += long_steps
+                if steps <= 0:
+                    self._add("stall", work)
+                    self._steps = r.totals.steps
+                    self._high = max(self._high, self._base + self._steps)
+                    return
         before = self._base + self._steps
         redone = min(steps, max(0.0, self._high - before))
         lost = work * redone / steps
@@ -199,9 +235,33 @@ class Ledger:
         self._steps = r.totals.steps
         self._high = max(self._high, self._base + self._steps)
 
+    def _long_steps(self, r: Report) -> tuple[float, float]:
+        """Steps since the last report that took longer than the stall threshold, by the histogram's buckets
+        (only buckets wholly above it), and their seconds: the histogram's growth less the others' mean."""
+        counts, total = self._hist
+        h = r.step_seconds
+        if not counts:
+            return 0.0, 0.0
+        before = sum(counts)
+        if before <= 0:
+            return 0.0, 0.0
+        mean = total / before
+        threshold = max(STALL_FLOOR, STALL_STEPS * mean)
+        grown = [b - a for a, b in zip(counts, h.counts, strict=True)]
+        # bucket i holds (BUCKETS[i-1], BUCKETS[i]]: it is wholly above the threshold from its lower bound
+        long_steps = sum(n for i, n in enumerate(grown) if i > 0 and BUCKETS[i - 1] >= threshold)
+        if long_steps <= 0:
+            return 0.0, 0.0
+        short = sum(grown) - long_steps
+        return long_steps, max(0.0, (h.sum - total) - short * mean)
+
     def _add(self, cause: str, seconds: float) -> None:
         if seconds > 0.0:
             self.badput[cause] += seconds
+
+
+def _histogram(r: Report) -> tuple[tuple[float, ...], float]:
+    return tuple(r.step_seconds.counts), r.step_seconds.sum
 
 
 def _claimable(r: Report) -> dict[str, float]:
