@@ -123,11 +123,10 @@ def _memory_lines(m: dict[str, Any] | None) -> list[str]:
         )
     e = m.get("estimate")
     if e:
+        parts = " + ".join(f"{name.replace('_', ' ')} {_gib(b)}" for name, b in e["parts_bytes"].items())
+        setup = f"ZeRO {e['zero_stage']}, " if e["kind"] == "train" else ""
         out.append(
-            f"      estimate (ZeRO {e['zero_stage']}, micro-batch {e['micro_batch']}): "
-            f"{_gib(e['total_bytes'])} = "
-            f"weights {_gib(e['weights_bytes'])} + gradients {_gib(e['gradients_bytes'])} + optimizer "
-            f"{_gib(e['optimizer_states_bytes'])} + activations {_gib(e['activations_bytes'])}"
+            f"      estimate ({setup}micro-batch {e['micro_batch']}): {_gib(e['total_bytes'])} = {parts}"
         )
     elif m.get("estimate_problem"):
         out.append(f"      no estimate: {m['estimate_problem']}")

@@ -38,7 +38,8 @@ Optional fields (absent or null from SDKs older than the goodput ledger; the dae
 them, and an SDK whose report a daemon refuses for an unknown field resends without them):
 
 ``process_started``   unix seconds when the OS started this process (Linux /proc), so start-up time before
-                      the Reporter existed counts; <= ``started``
+                      the Reporter existed counts; <= ``started``, at most MAX_STARTUP before it; sent by
+                      a process's first Reporter only
 ``resumed_step``      the global step this process resumed from (the checkpoint's step); its own steps
                       continue from there. Steps up to the rank's earlier high-water mark are redone work
 ``open_phases``       seconds spent so far in phases entered but not yet left: {"checkpoint": 41.2}, so a
@@ -101,6 +102,10 @@ MAX_PER_CALL = 1e12
 MAX_PER_CALL_SECONDS = 1e6
 MAX_COUNT = 2.0**53
 MAX_SECONDS = 10.0 * 365 * 86400
+MAX_STARTUP = 30.0 * 86400  # process_started at most this long before the Reporter
+MAX_DIMENSION = 1 << 24  # a model's layers, width, heads, vocabulary or sequence length, a micro-batch
+MAX_TP = 1 << 16
+MAX_BYTES = 1 << 62  # an allocator figure
 MIN_PEAK_FLOPS = 1e9  # a per-GPU peak below 1 GFLOP/s is a unit mistake (TFLOP/s given as FLOP/s)
 MAX_FLOPS = 1e18
 UUID_PATTERN = r"^(?:GPU|MIG)-[A-Za-z0-9/-]{1,96}$"  # NVML's, and old drivers' MIG-GPU-<uuid>/<gi>/<ci>

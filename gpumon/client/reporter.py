@@ -25,7 +25,7 @@ from gpumon.client.counts import COUNT_HINT, as_count, as_seconds, mistake
 from gpumon.client.lifecycle import AT_EXIT_TIMEOUT
 from gpumon.client.phases import NULL_PHASE, NullPhase, Phase
 from gpumon.client.process.allocator import AllocatorReader
-from gpumon.client.process.start import process_start_time
+from gpumon.client.process.start import claim_process_start
 from gpumon.client.protocol import BUCKETS, MAX_PER_CALL, MAX_PER_CALL_SECONDS, MAX_PHASES, PHASE_PATTERN
 from gpumon.client.report import build_report, extend
 from gpumon.client.settings import FlopsModel, Settings, check_step, env_flag, resolve
@@ -114,7 +114,7 @@ class Reporter:
             )  # fmt: skip
             for problem in problems:
                 log.warning("gpumon: %s", problem)
-            self.process_started = process_start_time()
+            self.process_started = claim_process_start()
             self.memory_source = AllocatorReader(self.settings.cuda_ordinal, self.settings.local_rank).read
             transport = Transport(self.settings.url, self.settings.token)
         except Exception:

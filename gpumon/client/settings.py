@@ -19,6 +19,8 @@ from gpumon.client.protocol import (
     DTYPES,
     KINDS,
     MAX_COUNT,
+    MAX_DIMENSION,
+    MAX_TP,
     MODEL_FIELDS,
     NAME_PATTERN,
     SETUP_CHOICES,
@@ -244,8 +246,16 @@ def _setup(
     if not isinstance(model, ModelSpec):
         problems.append("micro_batch/zero_stage/setup need model= (a ModelSpec or a preset name); not sent")
         return None
-    if micro_batch.__class__ is not int or micro_batch <= 0:  # type: ignore[operator]
-        problems.append(f"micro_batch={micro_batch!r} is not a positive integer; no memory estimate")
+    if micro_batch.__class__ is not int or not 0 < micro_batch <= MAX_DIMENSION:  # type: ignore[operator]
+        problems.append(
+            f"micro_batch={micro_batch!r} is not an integer from 1 to {MAX_DIMENSION}; no estimate"
+        )
+        return None
+    too_large = [
+        f for f in MODEL_FIELDS if isinstance(getattr(model, f), int) and getattr(model, f) > MAX_DIMENSION
+    ]
+    if too_large:  # the daemon would refuse every report with it
+        problems.append(f"model.{too_large[0]} is above {MAX_DIMENSION}; no memory estimate")
         return None
     out: dict[str, Any] = {
         "model": {name: getattr(model, name) for name in MODEL_FIELDS},
@@ -274,7 +284,7 @@ def _setup(
 
 def _setup_value_ok(key: object, value: object) -> bool:
     if key in SETUP_CHOICES:
-        return value in SETUP_CHOICES[key]  # type: ignore[index]
+        return isinstance(value, str) and value in SETUP_CHOICES[key]  # type: ignore[index]
     if key in _SETUP_FLAGS:
         return isinstance(value, bool)
-    return key == "tp" and value.__class__ is int and value >= 1  # type: ignore[operator]
+    return key == "tp" and value.__class__ is int and 1 <= value <= MAX_TP  # type: ignore[operator]

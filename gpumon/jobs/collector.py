@@ -17,7 +17,7 @@ from gpumon.client import protocol as P
 from gpumon.jobs.analysis import Analysis, JobResult, RankResult
 from gpumon.jobs.diagnosis import BOTTLENECKS
 from gpumon.jobs.families import RowFamily
-from gpumon.jobs.goodput.ledger import CAUSES
+from gpumon.jobs.goodput.ledger import CAUSES, LedgerView
 from gpumon.jobs.store import RankView
 
 OUTCOMES = (
@@ -85,6 +85,8 @@ class TrainingCollector:
             _add_job(f, job)
             if lib is not None:
                 _add_baseline(f, job, lib, self.analysis.store.baseline_steps)
+        for job_name, rank, ledger in self.analysis.store.gone_ledgers(now):
+            _add_ledger(f, [job_name, str(rank)], ledger)
         for job_name, lost in self.analysis.store.lost(now).items():
             f[M.RANKS_LOST.name].add_metric([job_name], lost)
         yield from (fam for fam in f.values() if fam.rows)
@@ -170,12 +172,11 @@ def _add_rank(f: dict[str, Any], r: RankResult) -> None:
         f[M.BOTTLENECK.name].add_metric([*rl, b], 1 if r.verdict.bottleneck == b else 0)
     _opt(f, M.STRAGGLER, rl, r.straggler)
     if rep.kind == "train":
-        _add_ledger(f, rl, r.view)
+        _add_ledger(f, rl, r.view.ledger)
     _add_allocator(f, rl, r.view)
 
 
-def _add_ledger(f: dict[str, Any], rl: list[str], v: RankView) -> None:
-    ledger = v.ledger
+def _add_ledger(f: dict[str, Any], rl: list[str], ledger: LedgerView) -> None:
     f[M.GOODPUT.name].add_metric(rl, ledger.goodput)
     for cause in CAUSES:
         f[M.BADPUT.name].add_metric([*rl, cause], ledger.badput[cause])

@@ -39,12 +39,13 @@ def rank_estimate(r: Report, zero: int | None = None) -> Estimate | str | None:
     s = r.setup
     if s is None:
         return None
-    if r.dtype is None or r.dtype not in DTYPES:
-        return f"the estimator needs the rank's dtype (one of {', '.join(DTYPES)}), got {r.dtype!r}"
+    dtype = "fp32" if r.dtype == "tf32" else r.dtype  # TF32 keeps fp32 tensors; only matmuls differ
+    if dtype is None or dtype not in DTYPES:
+        return f"the estimator needs the rank's dtype (one of {', '.join(DTYPES)}, tf32), got {r.dtype!r}"
     tp = int(s.get("tp", 1))
     setup: dict[str, Any] = {
         "batch": s["micro_batch"],
-        "dtype": r.dtype,
+        "dtype": dtype,
         "zero": s["zero_stage"] if zero is None else zero,
         "tp": tp,
         "dp": max(1, r.world_size // tp),  # data-parallel ranks: ZeRO shards over them
@@ -67,18 +68,31 @@ def memory_json(
     if isinstance(est, str):
         out["estimate_problem"] = est
     elif est is not None:
-        out["estimate"] = {
-            "zero_stage": est.setup.zero,
-            "micro_batch": est.setup.batch,
-            "weights_bytes": est.weights_bytes,
-            "gradients_bytes": est.gradients_bytes,
-            "optimizer_states_bytes": est.optimizer_states_bytes,
-            "activations_bytes": est.activations_bytes,
-            "total_bytes": est.train_total_bytes,
-        }
-    out["gap"] = gap(m, est if isinstance(est, Estimate) else None)
+        out["estimate"] = estimate_json(est, r.kind == "train")
+    out["gap"] = gap(m, est if isinstance(est, Estimate) else None, r.kind == "train")
     out["advice"] = advice(r, hbm_bytes, retries, ooms)
     return out
+
+
+def estimate_json(est: Estimate, train: bool) -> dict[str, Any]:
+    """The breakdown for training (weights, gradients, optimizer states, activations) or serving (weights,
+    KV cache), in bytes per GPU."""
+    if train:
+        parts = {
+            "weights": est.weights_bytes,
+            "gradients": est.gradients_bytes,
+            "optimizer_states": est.optimizer_states_bytes,
+            "activations": est.activations_bytes,
+        }
+    else:
+        parts = {"weights": est.inference_weights_bytes, "kv_cache": est.kv_cache_bytes}
+    return {
+        "kind": "train" if train else "inference",
+        "zero_stage": est.setup.zero,
+        "micro_batch": est.setup.batch,
+        "parts_bytes": parts,
+        "total_bytes": sum(parts.values()),
+    }
 
 
 def observed_json(m: Memory) -> dict[str, Any]:
@@ -96,14 +110,14 @@ def observed_json(m: Memory) -> dict[str, Any]:
     }
 
 
-def gap(m: Memory | None, est: Estimate | None) -> str | None:
+def gap(m: Memory | None, est: Estimate | None, train: bool = True) -> str | None:
     """One sentence setting the allocator's peak against the estimate, or None when either is missing."""
     if m is None or est is None:
         return None
     peak = m.allocated_peak_bytes if m.allocated_peak_bytes is not None else m.allocated_bytes
     if peak is None:
         return None
-    total = est.train_total_bytes
+    total = est.train_total_bytes if train else est.inference_total_bytes
     diff = peak - total
     share = f" ({100 * abs(diff) / total:.0f} %)" if total > 0 else ""
     reserved = "" if m.reserved_peak_bytes is None else f", {_gib(m.reserved_peak_bytes)} reserved at peak"
@@ -131,7 +145,7 @@ def advice(r: Report, hbm_bytes: float | None, retries: float | None, ooms: floa
         "lower the micro-batch (keep the global batch with gradient accumulation), or turn on activation "
         "checkpointing",
     ]
-    stage = fitting_stage(r, hbm_bytes)
+    stage = fitting_stage(r, hbm_bytes) if r.kind == "train" else None
     if stage is not None:
         out.append(stage)
     return out

@@ -10,7 +10,8 @@ from __future__ import annotations
 import math
 import re
 import reprlib
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -56,7 +57,7 @@ _SETUP_KEYS = frozenset(("model", "micro_batch", "zero_stage", "tp", "flash_atte
                          *P.SETUP_CHOICES))  # fmt: skip
 _MODEL_INTS = ("layers", "hidden", "heads", "vocab", "seq_len", "kv_heads", "head_dim", "ffn_hidden")
 _MODEL_FLAGS = ("gated_mlp", "tied_embeddings", "biases", "learned_positions")
-_MAX_DIM = 1 << 24  # a layer count, width or vocabulary past this is not a model
+_MAX_DIM = P.MAX_DIMENSION
 
 
 class InvalidReport(ValueError):
@@ -204,8 +205,15 @@ def _consistent(r: Report) -> None:
             raise InvalidReport("anchor.time: later than updated; the anchor is an earlier point")
     if r.started > r.time + _CLOCK_SLACK:
         raise InvalidReport("started: later than the report's own time")
-    if r.process_started is not None and r.process_started > r.started + _CLOCK_SLACK:
-        raise InvalidReport("process_started: later than started; the process starts before its Reporter")
+    if r.process_started is not None:
+        if r.process_started > r.started + _CLOCK_SLACK:
+            raise InvalidReport("process_started: later than started; the process starts before its Reporter")
+        if r.started - r.process_started > P.MAX_STARTUP:
+            days = (r.started - r.process_started) / 86400
+            raise InvalidReport(
+                f"process_started: {days:.0f} days before started (at most {P.MAX_STARTUP / 86400:.0f}); "
+                "a misread start time"
+            )
     if r.step_seconds.count > t.steps:
         raise InvalidReport("step_seconds: more observations than totals.steps")
     if r.request_seconds is not None and r.request_seconds.count > t.requests:
@@ -330,11 +338,12 @@ def _memory(value: object) -> Memory | None:
     unknown = sorted(set(obj) - set(P.MEMORY_FIELDS) - {"device"})
     if unknown:
         raise InvalidReport(f"memory: unknown field {show(unknown[0])} (known: {', '.join(P.MEMORY_FIELDS)})")
-    device = _int(obj, "device", 0, 1 << 16) if "device" in obj else 0
-    values = {}
-    for key in P.MEMORY_FIELDS:
-        if obj.get(key) is not None:
-            values[key] = _int(obj, key, 0, 1 << 62)
+    with _within("memory."):
+        device = _int(obj, "device", 0, 1 << 16) if "device" in obj else 0
+        values = {}
+        for key in P.MEMORY_FIELDS:
+            if obj.get(key) is not None:
+                values[key] = _int(obj, key, 0, P.MAX_BYTES)
     return Memory(device, **values)
 
 
@@ -351,31 +360,43 @@ def _setup(value: object) -> dict[str, Any] | None:
     if extra:
         raise InvalidReport(f"setup.model: unknown field {show(extra[0])}")
     shape: dict[str, Any] = {}
-    for key in _MODEL_INTS:
-        if model.get(key) is not None:
-            shape[key] = _int(model, key, 1, _MAX_DIM)
-    for key in ("layers", "hidden", "heads", "vocab", "seq_len"):
-        if key not in shape:
-            raise InvalidReport(f"setup.model.{key}: required")
-    for key in _MODEL_FLAGS:
-        if model.get(key) is not None:
-            shape[key] = _bool(model, key)
-    if model.get("name") is not None:
-        shape["name"] = _name(model, "name")
-    out: dict[str, Any] = {
-        "model": shape,
-        "micro_batch": _int(obj, "micro_batch", 1, _MAX_DIM),
-        "zero_stage": _int(obj, "zero_stage", 0, 3) if obj.get("zero_stage") is not None else 0,
-    }
-    if obj.get("tp") is not None:
-        out["tp"] = _int(obj, "tp", 1, 1 << 16)
-    for key in ("flash_attention", "sequence_parallel"):
-        if obj.get(key) is not None:
-            out[key] = _bool(obj, key)
-    for key, choices in P.SETUP_CHOICES.items():
-        if obj.get(key) is not None:
-            out[key] = _choice(obj, key, choices)
+    with _within("setup.model."):
+        for key in _MODEL_INTS:
+            if model.get(key) is not None:
+                shape[key] = _int(model, key, 1, _MAX_DIM)
+        for key in ("layers", "hidden", "heads", "vocab", "seq_len"):
+            if key not in shape:
+                raise InvalidReport(f"{key}: required")
+        for key in _MODEL_FLAGS:
+            if model.get(key) is not None:
+                shape[key] = _bool(model, key)
+        if model.get("name") is not None:
+            shape["name"] = _name(model, "name")
+    with _within("setup."):
+        out: dict[str, Any] = {
+            "model": shape,
+            "micro_batch": _int(obj, "micro_batch", 1, _MAX_DIM),
+            "zero_stage": _int(obj, "zero_stage", 0, 3) if obj.get("zero_stage") is not None else 0,
+        }
+        if obj.get("tp") is not None:
+            out["tp"] = _int(obj, "tp", 1, P.MAX_TP)
+        for key in ("flash_attention", "sequence_parallel"):
+            if obj.get(key) is not None:
+                out[key] = _bool(obj, key)
+        for key, choices in P.SETUP_CHOICES.items():
+            if obj.get(key) is not None:
+                out[key] = _choice(obj, key, choices)
     return out
+
+
+@contextmanager
+def _within(prefix: str) -> Iterator[None]:
+    """Name a nested field by its whole path in the message: "setup.model.layers: ..."."""
+    try:
+        yield
+    except InvalidReport as exc:
+        message = str(exc)
+        raise InvalidReport(message if message.startswith(prefix) else prefix + message) from None
 
 
 def _devices(value: object) -> tuple[str, ...]:

@@ -11,13 +11,14 @@ from __future__ import annotations
 import threading
 from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
 from gpumon.client import protocol as P
 from gpumon.jobs.goodput.ledger import Ledger, LedgerView
 from gpumon.jobs.report import Report
 
+MAX_CARRIED_PHASES = 2 * P.MAX_PHASES  # phase names a rank carries across restarts
 MAX_POINTS = 512  # per rank: 60 s of reports at 8/s; more only shortens the effective window
 FINISHED_LINGER = 30.0  # seconds a rank stays after its final report, so a scrape sees its last totals
 # a rank that went (finished, or silent past the TTL) keeps its counter offsets this long, so a process that
@@ -92,7 +93,10 @@ class Offsets:
         t = r.totals
         phases = dict(self.phases)
         for name, seconds in r.phases.items():
-            phases[name] = phases.get(name, 0.0) + seconds
+            # the names of every earlier process are carried: bounded, or restarts each with new custom
+            # names would grow a rank's phase series without end
+            if name in phases or len(phases) < MAX_CARRIED_PHASES:
+                phases[name] = phases.get(name, 0.0) + seconds
         req = r.request_seconds
         return Offsets(
             self.steps + t.steps,
@@ -109,6 +113,19 @@ class Offsets:
             self.alloc_retries + _count(r, "alloc_retries"),
             self.ooms + _count(r, "ooms"),
         )
+
+
+def _allocator_resets(offsets: Offsets, old: Report, new: Report) -> Offsets:
+    """A process that reset its allocator's counters (torch.cuda.reset_accumulated_memory_stats): what they
+    had counted joins the offsets, so the exported counters never go back."""
+    if old.memory is None or new.memory is None:
+        return offsets
+    retries, ooms = _count(old, "alloc_retries"), _count(old, "ooms")
+    lost_retries = retries if _count(new, "alloc_retries") < retries else 0.0
+    lost_ooms = ooms if _count(new, "ooms") < ooms else 0.0
+    if not (lost_retries or lost_ooms):
+        return offsets
+    return replace(offsets, alloc_retries=offsets.alloc_retries + lost_retries, ooms=offsets.ooms + lost_ooms)
 
 
 def _count(r: Report, name: str) -> float:
@@ -235,6 +252,7 @@ class JobStore:
             else:
                 _check_seq_jump(rank.report, r)
                 _check_monotonic(rank.report, r)
+                rank.offsets = _allocator_resets(rank.offsets, rank.report, r)
             rank.report = r
             rank.received = now
             rank.ledger.observe(r, self.baseline_steps.get(r.job))
@@ -306,6 +324,19 @@ class JobStore:
             recent = sorted(self._lost.items(), key=lambda kv: kv[1][1])[-4 * self.max_jobs :]
             self._lost = {j: v for j, v in recent if j in live or now - v[1] <= LOST_RETAIN}
             return {j: n for j, (n, _) in sorted(self._lost.items())}
+
+    def gone_ledgers(self, now: float) -> list[tuple[str, int, LedgerView]]:
+        """The ledgers of training ranks that went within RETAIN_OFFSETS, newest max_ranks of them: exported
+        frozen, so that when a successor's first report brings a restart's gap, Prometheus already has the
+        series it lands on (rate() over a series that appears with a jump sees no increase)."""
+        with self._lock:
+            self._expire(now)
+            gone = sorted(self._gone.items(), key=lambda kv: kv[1][0])[-self.max_ranks :]
+            return [
+                (job, rank_id, rank.ledger.view())
+                for (job, rank_id), (_, rank) in gone
+                if rank.report.kind == "train" and rank.ledger.since is not None
+            ]
 
     def views(self, now: float) -> list[RankView]:
         with self._lock:

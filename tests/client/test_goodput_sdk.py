@@ -23,6 +23,7 @@ from test_reporter import Server, sdk_logs, wait_until
 from gpumon.client import Reporter
 from gpumon.client import protocol as P
 from gpumon.client import transport as transport_module
+from gpumon.client.process import start as start_module
 from gpumon.client.process.allocator import AllocatorReader, cuda_ordinal
 from gpumon.client.process.start import process_start_time
 
@@ -133,6 +134,40 @@ def test_nothing_is_read_before_cuda_is_initialised_or_without_torch(
     assert AllocatorReader(0, 0).read() is None
 
 
+def test_torch_still_importing_is_not_yet_initialised_rather_than_broken(
+    fake_torch: FakeCuda, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """torch is in sys.modules while the training thread imports it: no torch.cuda yet, then no functions."""
+    half = types.ModuleType("torch")
+    monkeypatch.setitem(sys.modules, "torch", half)
+    reader = AllocatorReader(0, None)
+    assert reader.read() is None
+    half.cuda = types.SimpleNamespace()  # type: ignore[attr-defined]
+    assert reader.read() is None
+    half.cuda = fake_torch  # type: ignore[attr-defined]
+    assert reader.read() is not None
+
+
+def test_values_beyond_the_daemons_bounds_are_left_out(fake_torch: FakeCuda) -> None:
+    """The daemon refuses a whole report with one: the rank would vanish from it."""
+    fake_torch.stats.update({"allocated_bytes.all.current": 1 << 63, "reserved_bytes.all.current": 5})
+    out = AllocatorReader(0, None).read()
+    assert out is not None and "allocated_bytes" not in out and out["reserved_bytes"] == 5
+
+
+def test_only_the_first_reporter_of_a_process_sends_its_start(
+    server: Server, reporters: Callable[..., Reporter], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A second Reporter (the next trial of a sweep, a second job in a notebook) starts its clock at its own
+    creation: the process's earlier work is not its start-up."""
+    monkeypatch.setattr(start_module, "_claimed", False)
+    srv = server()
+    first = reporters(url=srv.url, interval=60)
+    second = reporters(url=srv.url, interval=60, job="second")
+    assert first.process_started is not None and second.process_started is None
+    assert second.flush() and "process_started" not in srv.bodies[-1]
+
+
 def test_a_failing_read_is_logged_once_and_reading_stops(
     fake_torch: FakeCuda, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -146,7 +181,8 @@ def test_a_failing_read_is_logged_once_and_reading_stops(
 
 @pytest.mark.parametrize(
     ("device", "ordinal"),
-    [(2, 2), ("cuda:3", 3), ("cuda", 0), (types.SimpleNamespace(type="cuda", index=1), 1),
+    [(2, 2), ("cuda:3", 3), ("cuda", None), (types.SimpleNamespace(type="cuda", index=None), None),
+     (types.SimpleNamespace(type="cuda", index=1), 1),
      (types.SimpleNamespace(type="cpu", index=None), None), ("GPU-abc", None), (True, None), ([0, 1], None)],
 )  # fmt: skip
 def test_cuda_ordinal(device: object, ordinal: int | None) -> None:
@@ -221,6 +257,9 @@ def test_the_estimators_setup_is_sent_from_a_preset(
         ({"model": "llama2-7b", "micro_batch": 2, "zero_stage": 5}, "zero_stage=5"),
         ({"model": "llama2-7b", "micro_batch": 2, "setup": {"optimizer": "lion"}}, "setup['optimizer']"),
         ({"model": "nosuch-model", "micro_batch": 2}, "unknown model preset"),
+        ({"model": "llama2-7b", "micro_batch": 2, "setup": {"optimizer": ["adamw"]}}, "setup['optimizer']"),
+        ({"model": "llama2-7b", "micro_batch": 2, "setup": {"tp": 1 << 20}}, "setup['tp']"),
+        ({"model": "llama2-7b", "micro_batch": 1 << 25}, "micro_batch=33554432"),
     ],
 )
 def test_a_bad_setup_is_warned_about_never_raised(

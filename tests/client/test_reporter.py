@@ -24,6 +24,7 @@ from test_transport import RecordingServer
 from gpumon.client import NULL_PHASE, Reporter
 from gpumon.client import phases as phases_module
 from gpumon.client import reporter as reporter_module
+from gpumon.client.process import start as start_module
 from gpumon.client.protocol import BUCKETS, MAX_BODY_BYTES, MAX_PHASES, NAME_PATTERN, PHASE_PATTERN, TOTALS
 
 REPORT_KEYS = [
@@ -74,8 +75,11 @@ class GpuTensor:
     __bool__ = __float__ = __int__ = __index__ = __lt__ = __le__ = __gt__ = __ge__ = _sync
 
 
-def test_report_matches_the_protocol(server: Server, reporters: Callable[..., Reporter]) -> None:
+def test_report_matches_the_protocol(
+    server: Server, reporters: Callable[..., Reporter], monkeypatch: pytest.MonkeyPatch
+) -> None:
     srv = server()
+    monkeypatch.setattr(start_module, "_claimed", False)  # as in a process whose first Reporter this is
     r = reporters(
         url=srv.url, rank=3, world_size=8, local_rank=1, device=["GPU-abc", 2], workload="llama-7b",
         dtype="bfloat16", model=StandInModel(), peak_flops=989.5e12,

@@ -95,7 +95,8 @@ def _served(text: str) -> dict[str, float]:
 
 
 def test_every_bucket_equals_what_the_loop_injected(daemon, tmp_path: Path) -> None:
-    d = daemon("--simulate", "1xH100-SXM", "--interval", "500ms")
+    # a short --rank-ttl: the dead rank is dropped before its successor comes, as after a real requeue
+    d = daemon("--simulate", "1xH100-SXM", "--interval", "500ms", "--rank-ttl", "1s")
     log1, log2 = tmp_path / "first.jsonl", tmp_path / "second.jsonl"
     first, popen = _start(
         d.url, log1, "--steps", "40", "--load", "1.0", "--checkpoint-at", "20", "--evaluate-at", "30",
@@ -108,7 +109,12 @@ def test_every_bucket_equals_what_the_loop_injected(daemon, tmp_path: Path) -> N
         )  # a few reports: the daemon has seen step 40 (what a process never reported is unknown)
         first.send_signal(signal.SIGKILL)  # no final report: the rank died
         first.wait(10)
-        time.sleep(1.0)  # the scheduler notices and starts the job again
+        time.sleep(2.5)  # the scheduler notices and starts the job again
+        # meanwhile the rank is gone, but its ledger is still exported, frozen: the restart's gap will land
+        # on a series Prometheus already has
+        assert d.get(f"/v1/jobs/{JOB}").status_code == 404
+        gap = _served(d.get("/metrics").text)
+        assert gap["goodput"] > 0 and gap["restart"] == 0
         second, _ = _start(
             d.url,
             log2,

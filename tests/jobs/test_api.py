@@ -356,4 +356,5 @@ def test_the_allocator_view_beside_the_estimate_in_the_api_and_diagnose(node) ->
     assert out.returncode == 0, out.stderr
     assert "alloc_retries" in out.stdout and "7  >=       1  yes" in out.stdout
     assert "memory: 60.0 GiB allocated (peak 74.0 GiB), 76.0 GiB reserved" in out.stdout
-    assert "estimate (ZeRO 0, micro-batch 1)" in out.stdout and "ZeRO stage 1 would need" in out.stdout
+    assert "estimate (ZeRO 0, micro-batch 1): 102.0 GiB = weights 12.6 GiB + gradients 12.6 GiB" in out.stdout
+    assert "optimizer states 75.3 GiB" in out.stdout and "ZeRO stage 1 would need" in out.stdout

@@ -196,7 +196,6 @@ def test_the_store_carries_the_ledger_across_restarts_and_expiry() -> None:
     assert view.restarts == 1
 
 
-
 def test_phase_time_reported_after_the_fact_takes_back_what_waits_for_a_step() -> None:
     """A callback that learns of a save only when it ends (add_phase): its seconds are older than the report
     carrying them, and take back the time held since the last step, not the next step's."""
@@ -229,3 +228,19 @@ def test_a_daemon_that_restarts_while_a_rank_loads_does_not_count_its_start_up_a
         rep(start + 401, 0, started=start, process_started=start - 300, seq=401),
     )
     assert out == pytest.approx({"startup": 1.0, "goodput": 0.0})
+
+
+def test_allocator_counters_never_go_back_when_a_process_resets_them() -> None:
+    store = JobStore(max_jobs=4, max_ranks=8, ttl=60.0, window=60.0)
+
+    def memory(retries: int, seq: int) -> dict[str, Any]:
+        body = rep(T0 + seq, 1, first=T0 + 1, last=T0 + 1, seq=seq)
+        body["memory"] = {"device": 0, "alloc_retries": retries, "ooms": 0}
+        return body
+
+    counts = []
+    for seq, retries in enumerate((5, 20, 3, 4), start=1):  # reset_accumulated_memory_stats() after 20
+        store.ingest(parse(memory(retries, seq)), T0 + seq)
+        (view,) = store.views(T0 + seq)
+        counts.append(view.allocator_counts())
+    assert counts == [(5, 0), (20, 0), (23, 0), (24, 0)]

@@ -51,8 +51,16 @@ XID_FAMILIES = (
 EVENT_LAST = "gpumon_gpu_last_event_timestamp_seconds"  # one per (GPU, event type) seen
 ERRORS = "gpumon_errors_total"  # one per (GPU, NVML call, error kind) seen
 RANKS_LOST = "gpumon_training_ranks_lost_total"  # one per job seen within the last hour (LOST_RETAIN)
-CUMULATIVE = (*XID_FAMILIES, EVENT_LAST, ERRORS, RANKS_LOST)
+# a gone training rank's goodput ledger, frozen, while its counters are retained (RETAIN_OFFSETS, at most
+# --max-ranks of them): a successor's restart gap lands on series Prometheus has
+LEDGER = (
+    "gpumon_training_goodput_seconds_total",
+    "gpumon_training_badput_seconds_total",
+    "gpumon_training_steps_redone_total",
+)
+CUMULATIVE = (*XID_FAMILIES, EVENT_LAST, ERRORS, RANKS_LOST, *LEDGER)
 MAX_JOBS = 32  # the daemon's default --max-jobs: the lost-ranks counters it keeps are at most 4x that
+MAX_RANKS = 256  # the daemon's default --max-ranks: the gone ranks' ledgers it exports are at most that
 
 
 # -- the plan ------------------------------------------------------------------------------------------------
@@ -676,18 +684,24 @@ def _check_errors(e: Point, faults: Iterable[PlannedFault]) -> list[str]:
 
 
 def _check_jobs(r: Result) -> list[str]:
-    """No series of an ended SDK job remains, except its lost-ranks counter (kept an hour by design)."""
+    """No series of an ended SDK job remains, except its lost-ranks counter and its ranks' goodput ledgers
+    (kept an hour by design, the ledgers for at most --max-ranks ranks)."""
     out = []
     e = r.end
     ended = {j.name: j for j in r.jobs}
+    ledgers = set()
     for name, labels in e.series:
         job = dict(labels).get("job_name")
         if job is None:
             continue
-        if name != RANKS_LOST:
+        if name in LEDGER:
+            ledgers.add((job, dict(labels)["rank"]))
+        elif name != RANKS_LOST:
             out.append(f"{name}{dict(labels)} of an ended SDK job remains")
-        elif job not in ended:
-            out.append(f"{RANKS_LOST} for a job nobody ran: {job}")
+        if job not in ended:
+            out.append(f"{name} for a job nobody ran: {job}")
+    if len(ledgers) > MAX_RANKS:
+        out.append(f"{len(ledgers)} gone ranks' ledgers exported: the store exports at most {MAX_RANKS}")
     lost = {dict(lb)["job_name"]: v for (n, lb), v in e.values.items() if n == RANKS_LOST}
     for job in r.jobs:
         # a killed job's ranks are all lost; a job that closed cleanly lost none (its 0 may be kept or not)

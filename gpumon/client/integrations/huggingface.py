@@ -15,26 +15,48 @@ Phases, host wall-clock between the Trainer's own hooks (no GPU sync is added): 
 ``on_step_begin`` to ``on_pre_optimizer_step`` (all micro-batches, plus gradient clipping), ``optimizer`` from
 there to ``on_optimizer_step``. Transformers versions without those two hooks report neither.
 
-Evaluation and checkpointing (badput to the daemon's goodput ledger) and the resumed step, from the order of
-events in ``Trainer._inner_training_loop`` (checked against transformers 5.24):
+Evaluation and checkpointing are badput to the daemon's goodput ledger, which counts them as they run, so
+both are held open live (the Reporter's ``evaluation`` and ``checkpoint`` phases entered when they start and
+left when they end, never both at once): every report while one runs shows it in ``open_phases``, and a long
+evaluation is not taken for a stall, as time added after the fact would be. They and the resumed step, from
+the order of events in ``Trainer._inner_training_loop`` (checked against transformers 5.24):
 
 1. ``resume_from_checkpoint``'s trainer state is loaded, then ``on_train_begin``: ``state.global_step``
    there is the checkpoint's step (0 on a fresh run), sent as ``resumed_step`` (an owned Reporter is created
    with it, a caller's gets ``resume()``; a fresh run sends none). ``eval_on_start`` evaluates right after.
 2. Per optimizer step: ``on_step_begin``, the micro-batches, ``on_pre_optimizer_step``, the optimizer step,
    ``on_optimizer_step``, ``global_step += 1``, ``on_step_end``; then ``_maybe_log_save_evaluate``, in this
-   order: logging (the loss's ``.item()`` waits for the GPU, then ``on_log``); evaluation
-   (``on_prediction_step`` per eval batch, ``on_log`` of the eval metrics, then ``on_evaluate``); saving
-   (``_save_checkpoint``, then ``on_save``).
+   order: logging (the loss's ``.item()`` waits for the GPU, then ``on_log``); evaluation if
+   ``control.should_evaluate`` (``on_prediction_step`` per eval batch, ``on_log`` of the eval metrics, then
+   ``on_evaluate``, once per eval dataset); saving if ``control.should_save`` (``_save_checkpoint``, then
+   ``on_save``).
 3. At each epoch's end: ``on_epoch_end``, then ``_maybe_log_save_evaluate`` again. Last, ``on_train_end``.
 
-So ``evaluation`` is timed from the latest mark to ``on_evaluate`` (eval dataloader setup included) and
-``checkpoint`` from the latest mark to ``on_save``. Marks: ``on_train_begin``, ``on_step_end``, a training
-``on_log`` (after the GPU wait, which belongs to the step), ``on_epoch_end``, ``on_evaluate`` and ``on_save``;
-the ``on_log`` an evaluation sends is not one. ``trainer.predict()`` during training (``on_predict``) counts
-as evaluation. ``trainer.evaluate()`` outside ``train()`` is no run's badput and is not timed (except after a
-``train()`` that raised: the Trainer has no exception hook to end the run on). The rest of the gap between
-steps (logging) is not reported, and not as ``data_wait`` either.
+The Trainer has no hook before an evaluation or a save starts. But its callbacks run in list order,
+``DefaultFlowCallback`` first (it sets ``should_evaluate`` and ``should_save`` in its ``on_step_end`` and
+``on_epoch_end``) and the Trainer's ``callbacks`` after it, so this callback's ``on_step_end`` and
+``on_epoch_end`` see what ``_maybe_log_save_evaluate`` is about to do:
+
+- ``evaluation`` opens there (at ``on_train_begin`` with ``eval_on_start``) and closes at ``on_evaluate``.
+  The logging before it is counted in it: on a GPU that includes the loss's ``.item()`` waiting for the
+  step's last kernels.
+- ``checkpoint`` opens at ``on_evaluate`` when a save follows the evaluation, else at the step's or epoch's
+  end, and closes at ``on_save``. With ``save_strategy="best"`` the Trainer decides whether to save only
+  after ``on_evaluate``: ``checkpoint`` opens there all the same, and when no save follows it closes at the
+  next ``on_step_begin`` or ``on_epoch_begin`` (the next batch's loading counted with it) or ``on_train_end``.
+- An evaluation no flag announced (a callback after this one set ``should_evaluate``; every eval dataset
+  after the first; ``trainer.predict()`` during training, up to its ``on_predict``) opens at its first
+  ``on_prediction_step``. A save no flag announced is added at its ``on_save``, after the fact (too late for
+  the ledger if it ran past the stall threshold), from the latest ``on_step_end``, ``on_epoch_end``,
+  ``on_evaluate``, ``on_predict`` or training ``on_log``.
+- An announced evaluation or save that never comes (a callback after this one cleared the flag) is closed at
+  the next ``on_step_begin``, ``on_epoch_begin`` or ``on_train_end``.
+
+``trainer.evaluate()`` outside ``train()`` is no run's badput and is not timed. The Trainer has no exception
+hook: a ``train()`` that raises inside an evaluation or save leaves that phase open until this callback's
+next ``on_train_begin`` (a retry, ``auto_find_batch_size``'s too) or the Reporter's close (an owned one at
+interpreter exit); an ``evaluate()`` in between is still counted as this run's. The rest of the gap between
+steps (logging with no evaluation or save after it) is not reported, and not as ``data_wait`` either.
 """
 
 from __future__ import annotations
@@ -81,12 +103,17 @@ class GpumonCallback(TrainerCallback, ReporterOwner):
         self._tokens = 0
         self._t_step: float | None = None
         self._t_opt: float | None = None
-        self._mark: float | None = None  # the latest evaluation/checkpoint mark; None outside train()
-        self._evaluating = False  # an evaluation's batches ran, its on_evaluate is still to come
+        self._training = False  # from on_train_begin to on_train_end
+        self._flow = False  # in the _maybe_log_save_evaluate after a step's or epoch's end
+        self._eval_due = False  # an announced evaluation is still to come (its on_evaluate)
+        self._save_due = False  # an announced save is still to come (its on_save)
+        self._predicting = False  # unannounced eval batches ran: their on_evaluate or on_predict is to come
+        self._mark = 0.0  # since when a save no flag announced would have run
 
     def on_train_begin(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
+        self._hold(None)  # a phase a train() that raised left open ends here, on the Reporter it began on
         self._samples = args.train_batch_size * args.gradient_accumulation_steps
         if self._tokens_per_step is not None:
             self._tokens = self._tokens_per_step
@@ -104,11 +131,21 @@ class GpumonCallback(TrainerCallback, ReporterOwner):
             self._open(dtype, rank, world, local, args.device, resumed_step=resumed)
         else:
             self._resume(resumed)
-        self._mark, self._evaluating = time.perf_counter(), False  # eval_on_start evaluates right after this
+        self._training, self._flow, self._save_due, self._predicting = True, False, False, False
+        # not control.should_*: a resumed run may restore a TrainerControl saved with should_save set
+        self._eval_due = bool(getattr(args, "eval_on_start", False))  # evaluates right after this hook
+        self._mark = time.perf_counter()
+        self._settle()
+
+    def on_epoch_begin(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        self._between()
 
     def on_step_begin(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
+        self._between()
         self._t_step, self._t_opt = time.perf_counter(), None
 
     def on_pre_optimizer_step(
@@ -130,27 +167,38 @@ class GpumonCallback(TrainerCallback, ReporterOwner):
         self._t_step = self._t_opt = None
         if self.reporter is not None:
             self.reporter.step(tokens=self._tokens, samples=self._samples)
-        self._set_mark()
+        self._announced(control)
+
+    def on_epoch_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        self._announced(control)
 
     def on_log(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
-        # a training log's loss.item() waited for the GPU to finish the step: not evaluation or checkpointing;
-        # an evaluation logs its metrics before its on_evaluate, and that time is the evaluation's
-        if not self._evaluating:
-            self._set_mark()
+        # a training log's loss.item() waited for the GPU to finish the step: no unannounced save's time
+        if self._training and self._held is None:
+            self._mark = time.perf_counter()
 
     def on_prediction_step(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
-        if self._mark is not None:
-            self._evaluating = True
+        # per eval batch: after the first, only these two reads
+        if self._training and not self._predicting:
+            self._predicting = True
+            self._settle()
 
     def on_evaluate(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
-        self._evaluating = False
-        self._phase_since_mark("evaluation")
+        if not self._training:  # trainer.evaluate() outside train()
+            return
+        self._eval_due = self._predicting = False
+        if self._flow and getattr(args, "save_strategy", None) == "best":
+            self._save_due = True  # the Trainer decides after this hook: a new best metric is saved now
+        self._mark = time.perf_counter()
+        self._settle()
 
     def on_predict(
         self,
@@ -161,37 +209,56 @@ class GpumonCallback(TrainerCallback, ReporterOwner):
         **kwargs: Any,
     ) -> None:
         # trainer.predict() run during training (a callback generating samples) is evaluation too
-        self._evaluating = False
-        self._phase_since_mark("evaluation")
+        if not self._training:
+            return
+        self._predicting = False
+        self._mark = time.perf_counter()
+        self._settle()
 
     def on_save(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
-        self._phase_since_mark("checkpoint")
-
-    def on_epoch_end(
-        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
-    ) -> None:
-        self._set_mark()
+        if not self._training:
+            return
+        now = time.perf_counter()
+        if self._held is None and self.reporter is not None:
+            # a save no flag announced (a callback after this one asked for it): only after the fact
+            self.reporter.add_phase("checkpoint", now - self._mark)
+        self._save_due = False
+        self._mark = now
+        self._settle()
 
     def on_train_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
-        self._mark, self._evaluating = None, False  # trainer.evaluate() from here on is not this run's
-        self._close()
+        # trainer.evaluate() from here on is not this run's
+        self._training = self._flow = self._eval_due = self._save_due = self._predicting = False
+        self._close()  # leaves a phase still held (an announced one that never came) before the final report
 
-    def _set_mark(self) -> None:
-        if self._mark is not None:  # None: not training, and nothing after this is this run's badput
-            self._mark = time.perf_counter()
-
-    def _phase_since_mark(self, name: str) -> None:
-        """Add the time since the latest mark to phase ``name`` and mark now (only while training)."""
-        if self._mark is None:
+    def _announced(self, control: TrainerControl) -> None:
+        """At a step's or epoch's end: what _maybe_log_save_evaluate does next, as DefaultFlowCallback (which
+        runs before this callback) and any callback between set it in ``control``."""
+        if not self._training:
             return
-        now = time.perf_counter()
-        if self.reporter is not None:
-            self.reporter.add_phase(name, now - self._mark)
-        self._mark = now
+        self._flow = True
+        self._eval_due, self._save_due = bool(control.should_evaluate), bool(control.should_save)
+        self._mark = time.perf_counter()
+        self._settle()
+
+    def _between(self) -> None:
+        """Between steps or epochs nothing announced is still to come: leave a phase one never came for."""
+        self._flow = self._eval_due = self._save_due = self._predicting = False
+        if self._held is not None:
+            self._hold(None)
+
+    def _settle(self) -> None:
+        """Hold the phase running now: an evaluation (the Trainer's runs before its save), else a save."""
+        if self._eval_due or self._predicting:
+            self._hold("evaluation")
+        elif self._save_due:
+            self._hold("checkpoint")
+        else:
+            self._hold(None)
 
 
 def _dtype(args: TrainingArguments, model: Any) -> object:

@@ -12,23 +12,30 @@ Phases (automatic optimization only; host wall-clock): ``forward_backward`` from
 ``on_before_optimizer_step`` (or the batch end when accumulating), ``optimizer`` from there to the batch end.
 No data_wait: the gap between batches also holds validation, logging and checkpointing.
 
-Evaluation and checkpointing (badput to the daemon's goodput ledger) and the resumed step, from the order of
-events in ``Trainer.fit`` (checked against Lightning 2.6):
+Evaluation and checkpointing are badput to the daemon's goodput ledger, which counts them as they run: both
+are held open live (``reporter.evaluation()`` / ``reporter.checkpoint()`` entered when they start and left
+when they end), so every report while one runs shows it in ``open_phases``, and a validation or save longer
+than the ledger's stall threshold is not taken for a stall. The two never overlap. They and the resumed
+step, from the order of events in ``Trainer.fit`` (checked against Lightning 2.6):
 
 - ``ckpt_path``'s training state (loops included) is restored before the sanity check and
   ``on_train_start``: ``trainer.global_step`` there is the checkpoint's step (0 on a fresh run), sent as
   ``resumed_step`` (an owned Reporter is created with it, a caller's gets ``resume()``; a fresh run: none).
-- ``evaluation``: from ``on_validation_start`` to ``on_validation_end`` of each validation run during fit
+- ``evaluation``: open from ``on_validation_start`` to ``on_validation_end`` of each validation run during fit
   (after a batch's ``on_train_batch_end``, or at an epoch's end); not the sanity check (it runs before
   ``on_train_start``), nor ``trainer.validate()``.
-- ``checkpoint``: Lightning has no hook after a checkpoint is written, so ``trainer.save_checkpoint`` (which
+- ``checkpoint``: Lightning has no hook around a checkpoint write, so ``trainer.save_checkpoint`` (which
   ``ModelCheckpoint`` and user code call) is wrapped on this Trainer instance from ``on_train_start`` to the
-  end of fit (``teardown``, or ``on_exception``), and each call is timed, a failing one too (its exception
-  goes on up). With an asynchronous ``CheckpointIO`` that is the time training was blocked. A save inside a
-  timed validation or batch is taken out of their time, not counted twice. Lightning runs ``ModelCheckpoint``
-  after every other callback, so its saves in ``on_validation_end`` and ``on_train_end`` (``save_last``) come
-  after this callback's hooks: the Reporter is closed at ``teardown`` rather than ``on_train_end`` so the
-  latter still counts. Saves a checkpoint callback makes in ``on_exception`` follow the final report: untimed.
+  end of fit (``teardown``, or ``on_exception``), and each call runs inside the phase, a failing one too (its
+  exception goes on up). With an asynchronous ``CheckpointIO`` that is the time training was blocked. A save
+  inside a validation (a callback's ``on_validation_epoch_end``, say) leaves ``evaluation`` for its duration
+  and enters it again after; one inside a timed batch is taken out of the batch's phase. Lightning runs
+  ``ModelCheckpoint`` after every other callback, so its saves in ``on_validation_end`` and ``on_train_end``
+  (``save_last``) come after this callback's hooks: the Reporter is closed at ``teardown`` rather than
+  ``on_train_end`` so the latter still counts. Saves a checkpoint callback makes in ``on_exception`` follow
+  the final report: untimed.
+- Every phase entered is left: at its end, a failing save's or validation's included (``on_exception``, then
+  ``teardown``), and at the latest when the next fit on this callback starts.
 """
 
 from __future__ import annotations
@@ -83,12 +90,12 @@ class GpumonCallback(pl.Callback, ReporterOwner):
         self._samples = self._tokens = self._last_global_step = 0
         self._mark: float | None = None  # start of the phase now running
         self._in_optimizer = self._phases = self._count_failed = self._running = False
-        self._validation_start: float | None = None  # while a validation during fit runs
         # (trainer, its own save_checkpoint attribute before ours or _NOTHING, our wrapper) while fit runs
         self._save_patch: tuple[Any, Any, Callable[..., Any]] | None = None
         self._patch_failed = False
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._hold(None)  # a phase an earlier fit left open (it raised past every hook) ends there
         self._samples = self._tokens = 0
         self._running = True
         self._last_global_step = trainer.global_step  # non-zero when resuming from a checkpoint
@@ -102,7 +109,6 @@ class GpumonCallback(pl.Callback, ReporterOwner):
             self._open(dtype, rank, world, local, pl_module.device, resumed_step=resumed)
         else:
             self._resume(resumed)
-        self._validation_start = None
         self._wrap_save_checkpoint(trainer)
 
     def on_train_batch_start(
@@ -151,12 +157,11 @@ class GpumonCallback(pl.Callback, ReporterOwner):
 
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self._running and not trainer.sanity_checking:
-            self._validation_start = time.perf_counter()
+            self._hold("evaluation")
 
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        start, self._validation_start = self._validation_start, None
-        if start is not None and self.reporter is not None:
-            self.reporter.add_phase("evaluation", time.perf_counter() - start)
+        if self.held_phase == "evaluation":
+            self._hold(None)
 
     # no on_train_end: ModelCheckpoint's (save_last) runs after it, and that save is this run's checkpoint too
 
@@ -172,11 +177,12 @@ class GpumonCallback(pl.Callback, ReporterOwner):
         if not self._running or self.reporter is None:  # on_exception and teardown may both run: finish once
             return
         self._running = False
-        self._validation_start = self._mark = None
-        self._close()
+        self._mark = None
+        self._close()  # leaves a phase still open (a validation or save that raised) before the final report
 
     def _wrap_save_checkpoint(self, trainer: pl.Trainer) -> None:
-        """Time every ``trainer.save_checkpoint`` call of this fit, through an attribute of this instance."""
+        """Run every ``trainer.save_checkpoint`` call of this fit inside the checkpoint phase, through an
+        attribute of this instance."""
         self._unwrap_save_checkpoint()  # a fit that ended past every hook that would have removed it
         try:
             original = getattr(trainer, "save_checkpoint", None)
@@ -187,27 +193,24 @@ class GpumonCallback(pl.Callback, ReporterOwner):
 
             @functools.wraps(original)
             def save_checkpoint(*args: Any, **kwargs: Any) -> Any:
+                patch = self._save_patch
+                if not self._running or patch is None or patch[2] is not save_checkpoint:
+                    return original(*args, **kwargs)  # not fitting, or an earlier fit's wrapper: pass it on
+                before = self.held_phase  # evaluation (a save inside a validation), or checkpoint (nested)
+                self._hold("checkpoint")
                 start = time.perf_counter()
                 try:
                     return original(*args, **kwargs)
                 finally:  # a failed save blocked training too; its exception goes on to the caller
-                    if self._save_patch is not None and self._save_patch[2] is save_checkpoint:
-                        self._saved(time.perf_counter() - start)
+                    if self._running and before != "checkpoint":  # else fit ended inside it, or it is nested
+                        self._hold(before)
+                        if self._mark is not None:  # a save inside a timed batch is not the batch's time too
+                            self._mark += time.perf_counter() - start
 
             trainer.save_checkpoint = save_checkpoint  # type: ignore[method-assign]
             self._save_patch = (trainer, before, save_checkpoint)
         except Exception as exc:  # a monitoring callback must not stop training: go on without its times
             self._patch_warning("cannot time trainer.save_checkpoint", exc)
-
-    def _saved(self, seconds: float) -> None:
-        if not self._running or self.reporter is None:
-            return
-        self.reporter.add_phase("checkpoint", seconds)
-        # a save inside a timed validation or batch (a callback's hook, user code) is not theirs as well
-        if self._validation_start is not None:
-            self._validation_start += seconds
-        if self._mark is not None:
-            self._mark += seconds
 
     def _unwrap_save_checkpoint(self) -> None:
         """Put the Trainer's save_checkpoint back as it was, once. A wrapper set over ours stays, and ours

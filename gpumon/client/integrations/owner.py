@@ -4,6 +4,13 @@ An owned Reporter is created when training starts, not with the callback (a Repo
 frameworks copy or pickle callbacks to workers), from the caller's keyword arguments over what the framework
 knows (rank, device, dtype); it is closed when training ends, so a second run is a new incarnation. A
 Reporter the caller passed in is only flushed: its owner closes it. Standard library only.
+
+Badput phases are held open live (``_hold``): the Reporter reports a running phase in every report
+(``open_phases``), so the daemon's goodput ledger counts an evaluation or checkpoint while it runs; time
+added only after the fact would come too late once the ledger has called the gap a stall. A callback holds
+one phase at a time (so phases stay disjoint), on the Reporter's own cached Phase timer, from the framework's
+hooks on the training-loop thread (the thread a Phase belongs to); every phase entered is left exactly once,
+at the latest when the Reporter is replaced, closed or flushed at the end of training.
 """
 
 from __future__ import annotations
@@ -11,6 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpumon.client import Reporter
+from gpumon.client.phases import NullPhase, Phase
 
 
 class ReporterOwner:
@@ -20,12 +28,36 @@ class ReporterOwner:
         self.reporter = reporter
         self._owned = reporter is None
         self._kwargs = reporter_kwargs
+        # the phase this callback holds open now, with the timer it entered (left on that very object, even
+        # if the Reporter changes in between)
+        self._held: tuple[str, Phase | NullPhase] | None = None
+
+    @property
+    def held_phase(self) -> str | None:
+        """The name of the phase this callback holds open now, if any."""
+        held = self._held
+        return None if held is None else held[0]
+
+    def _hold(self, name: str | None) -> None:
+        """Hold phase ``name`` open (None: none), leaving the one held before first, so two never overlap.
+        Holding the phase already held changes nothing (it is not entered twice)."""
+        held = self._held
+        if held is not None:
+            if held[0] == name:
+                return
+            self._held = None
+            held[1].__exit__(None, None, None)
+        if name is not None and self.reporter is not None:
+            phase = self.reporter.phase(name)
+            phase.__enter__()
+            self._held = (name, phase)
 
     def _open(
         self, dtype: object, rank: int, world_size: int, local_rank: int, device: Any, resumed_step: int = 0
     ) -> None:
         """A new owned Reporter from the framework's view (``device`` only if it is a CUDA device;
         ``resumed_step``, the global step restored from a checkpoint, only when resuming)."""
+        self._hold(None)  # left on the Reporter it was entered on, before that one's final report
         if self.reporter is not None:  # the previous run raised past every hook that would have closed it
             self.reporter.close()
         defaults: dict[str, Any] = {"dtype": dtype}
@@ -44,6 +76,7 @@ class ReporterOwner:
             self.reporter.resume(step)
 
     def _close(self) -> None:
+        self._hold(None)  # the final report must show no phase still running
         if self.reporter is None:
             return
         if self._owned:

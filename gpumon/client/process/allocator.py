@@ -13,7 +13,7 @@ import logging
 import sys
 from typing import Any
 
-from gpumon.client.protocol import MEMORY_FIELDS
+from gpumon.client.protocol import MAX_BYTES, MEMORY_FIELDS
 
 log = logging.getLogger("gpumon.client")
 # memory_stats() flattens (and sorts) the allocator's nested dict of about 120 values in Python, several
@@ -32,10 +32,10 @@ def cuda_ordinal(device: object) -> int | None:
         text = device.strip()
         if text.startswith("cuda:") and text[5:].isdigit():
             return int(text[5:])
-        return 0 if text == "cuda" else None
+        return None  # "cuda" alone is the current device of the thread that asks: not the sender's
     index = getattr(device, "index", None)
-    if getattr(device, "type", None) == "cuda":
-        return index if isinstance(index, int) and index >= 0 else 0
+    if getattr(device, "type", None) == "cuda" and isinstance(index, int) and index >= 0:
+        return index
     return None
 
 
@@ -55,10 +55,18 @@ class AllocatorReader:
         torch = sys.modules.get("torch")
         if torch is None or self._broken:
             return None
+        # torch is in sys.modules while its import runs (on the training thread): until torch.cuda and its
+        # functions exist, CUDA is simply not initialised yet
+        cuda: Any = getattr(torch, "cuda", None)
+        initialized = getattr(cuda, "is_initialized", None)
+        if initialized is None:
+            return None
         try:
-            cuda = torch.cuda
-            if not cuda.is_initialized():
+            if not initialized():
                 return None
+        except Exception:
+            return None
+        try:
             device = self._device
             if device is None:
                 device = self._device = self._choose(cuda)
@@ -75,7 +83,7 @@ class AllocatorReader:
             return None
         out: dict[str, Any] = {"device": device}
         for wire, value in values.items():
-            if value.__class__ is int and value >= 0:
+            if value.__class__ is int and 0 <= value <= MAX_BYTES:  # the daemon's bounds
                 out[wire] = value
         return out if len(out) > 1 else None
 

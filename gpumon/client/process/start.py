@@ -10,10 +10,16 @@ library only, Python >= 3.9: this module runs inside training processes.
 from __future__ import annotations
 
 import os
+import threading
 import time
 
-# a start more than this before now is a misread (a container's /proc from another boot, a time namespace)
-_MAX_AGE = 30 * 86400.0
+from gpumon.client.protocol import MAX_STARTUP
+
+# a start more than this before now is a misread (a container's /proc from another boot, a time namespace);
+# the daemon refuses an older one (protocol.MAX_STARTUP)
+_MAX_AGE = MAX_STARTUP
+_claim_lock = threading.Lock()
+_claimed = False
 
 
 def process_start_time(stat: str = "/proc/self/stat", uptime: str = "/proc/uptime") -> float | None:
@@ -34,3 +40,24 @@ def process_start_time(stat: str = "/proc/self/stat", uptime: str = "/proc/uptim
     if not 0.0 <= age <= _MAX_AGE:
         return None
     return now - age
+
+
+def claim_process_start() -> float | None:
+    """The process's start time for its first Reporter only: a later one (a second job in a notebook, the
+    next trial of a sweep) starts its clock at its own creation, or the earlier work would be its start-up."""
+    global _claimed
+    with _claim_lock:
+        if _claimed:
+            return None
+        _claimed = True
+    return process_start_time()
+
+
+def _forked() -> None:
+    global _claimed, _claim_lock
+    _claimed = False  # a forked child is a process of its own, started at the fork
+    _claim_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forked)

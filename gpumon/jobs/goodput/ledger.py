@@ -70,6 +70,26 @@ class LedgerView:
 
 
 class Ledger:
+    # slots: a gone rank keeps its ledger for an hour (with its offsets), up to 4 x --max-ranks of them
+    __slots__ = (
+        "_base",
+        "_claimed",
+        "_follows",
+        "_high",
+        "_hist",
+        "_incarnation",
+        "_pending",
+        "_seen",
+        "_stalled",
+        "_stepped",
+        "_steps",
+        "_to",
+        "badput",
+        "goodput",
+        "since",
+        "steps_redone",
+    )  # fmt: skip
+
     def __init__(self) -> None:
         self.goodput = 0.0
         self.badput = dict.fromkeys(CAUSES, 0.0)
