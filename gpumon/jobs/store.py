@@ -71,6 +71,7 @@ class Conflict(Exception):
 
 
 _ZEROS = (0.0,) * (len(P.BUCKETS) + 1)
+_NO_POINTS: deque[Point] = deque(maxlen=0)  # a gone rank's: shared, and never appended to
 
 
 @dataclass(frozen=True, slots=True)
@@ -302,9 +303,10 @@ class JobStore:
         ]
         for key in gone:
             rank = self._ranks.pop(key)
-            # a gone rank is kept (RETAIN_OFFSETS) for its counters alone: its report history (up to
-            # MAX_POINTS points, each with its phases) would hold tens of MB over 4 x max_ranks of them
-            rank.points.clear()
+            # a gone rank is kept (RETAIN_OFFSETS) for its counters and ledger alone: its report history (up
+            # to MAX_POINTS points, each with its phases) would hold tens of MB over 4 x max_ranks of them,
+            # and even an emptied deque keeps a block of its own
+            rank.points = _NO_POINTS
             rank.anchor = None
             self._gone[key] = (now, rank)
             if not rank.report.final:
