@@ -14,7 +14,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import SimpleNamespace
@@ -75,6 +75,43 @@ class Recorder:
         self.server.server_close()
 
 
+def _open(body: dict[str, Any], phase: str) -> float:
+    """How long ``phase`` had been running when ``body`` was built (0: it was not running)."""
+    return float(body.get("open_phases", {}).get(phase, 0.0))
+
+
+Probe = Callable[[str], None]
+
+
+def _probe(recorder: Recorder, job: str, reporter: Callable[[], Any]) -> tuple[Probe, list[tuple[str, Any]]]:
+    """``probe(where)``, called from inside a slow evaluation or save on the training thread, flushes the
+    Reporter and records which phases the daemon was just told are running: ``(where, {names})``, or
+    ``(where, None)`` if the flush failed. Recorded, not asserted: an assertion there would fail training."""
+    seen: list[tuple[str, Any]] = []
+
+    def probe(where: str) -> None:
+        current = reporter()
+        if current is None or not current.flush():
+            seen.append((where, None))
+            return
+        # the flush's report: the Reporter numbers what it sends in order, its thread's too
+        latest = max(recorder.of(job), key=lambda body: body["seq"])
+        seen.append((where, set(latest.get("open_phases", {}))))
+
+    return probe, seen
+
+
+def _assert_live(recorder: Recorder, job: str) -> dict[str, Any]:
+    """The periodic reports of ``job`` showed evaluation and checkpoint while they ran (the Reporter's
+    interval well under the sleeps), and the final one shows nothing left running: return the final report."""
+    reports = recorder.of(job)
+    assert max(_open(body, "evaluation") for body in reports) > 0.3
+    assert max(_open(body, "checkpoint") for body in reports) > 0.3
+    final = recorder.final(job)
+    assert "open_phases" not in final
+    return final
+
+
 @pytest.fixture
 def recorder() -> Iterator[Recorder]:
     rec = Recorder()
@@ -129,11 +166,16 @@ def _hf_trainer(
     *,
     slow_eval: float = 0.0,
     slow_save: float = 0.0,
+    eval_sets: int = 1,
+    eval_error: BaseException | None = None,
+    probe: Probe | None = None,
     **overrides: Any,
 ) -> Any:
     """A tiny GPT-2 Trainer. ``slow_eval``: an eval set whose metrics take that long to compute (counted in
-    ``trainer.evaluations``); ``slow_save``: each checkpoint's model save takes that long (counted in
-    ``trainer.saves``)."""
+    ``trainer.evaluations``; the metric ``order`` is that count), ``eval_sets`` of them (named a, b, ...);
+    ``slow_save``: each checkpoint's model save takes that long (counted in ``trainer.saves``).
+    ``eval_error``: raised by the metrics after their sleep. ``probe``: called after each sleep, with
+    "evaluate" or "save"."""
     transformers = require("transformers")
     require("accelerate")
     torch = require("torch")
@@ -163,18 +205,27 @@ def _hf_trainer(
         def save_model(self, *args: Any, **kwargs: Any) -> None:
             Trainer.saves += 1
             time.sleep(slow_save)
+            if probe is not None:
+                probe("save")
             super().save_model(*args, **kwargs)
 
     def compute_metrics(prediction: Any) -> dict[str, float]:
         Trainer.evaluations += 1
         time.sleep(slow_eval)
-        return {}
+        if probe is not None:
+            probe("evaluate")
+        if eval_error is not None:
+            raise eval_error
+        return {"order": float(Trainer.evaluations)}
 
+    eval_dataset: Any = None
+    if slow_eval:
+        eval_dataset = dataset[:8] if eval_sets == 1 else {chr(97 + i): dataset[:8] for i in range(eval_sets)}
     return Trainer(
         model=model,
         args=transformers.TrainingArguments(**settings),
         train_dataset=dataset,
-        eval_dataset=dataset[:8] if slow_eval else None,
+        eval_dataset=eval_dataset,
         compute_metrics=compute_metrics if slow_eval else None,
         callbacks=[callback],
     )
@@ -247,6 +298,133 @@ def test_hf_trainer_times_evaluation_and_checkpoints(recorder: Recorder, tmp_pat
     assert all("resumed_step" not in report for report in recorder.of("hf-badput"))  # a fresh run
 
 
+def test_hf_trainer_reports_evaluation_and_checkpoint_while_they_run(
+    recorder: Recorder, tmp_path: Path
+) -> None:
+    require("transformers")
+    from gpumon.client.integrations.huggingface import GpumonCallback
+
+    slow_eval, slow_save = 0.8, 0.8
+    callback = GpumonCallback(seq_len=16, job="hf-live", url=recorder.url, interval=0.05)
+    probe, seen = _probe(recorder, "hf-live", lambda: callback.reporter)
+    trainer = _hf_trainer(
+        tmp_path, callback, grad_accum=1, max_steps=2, slow_eval=slow_eval, slow_save=slow_save, probe=probe,
+        eval_strategy="steps", eval_steps=2, save_strategy="steps", save_steps=2,
+        logging_strategy="steps", logging_steps=1,
+    )  # fmt: skip
+    trainer.train()
+
+    assert (trainer.evaluations, trainer.saves) == (1, 1)  # at step 2, the save after the evaluation
+    # inside each, the daemon was told that one was running, and only that one
+    assert seen == [("evaluate", {"evaluation"}), ("save", {"checkpoint"})]
+    final = _assert_live(recorder, "hf-live")
+    phases = final["phases"]
+    assert phases["evaluation"] >= slow_eval
+    assert phases["checkpoint"] >= slow_save
+    assert phases["evaluation"] < slow_eval + slow_save / 2  # the save is not inside the evaluation
+    assert phases["checkpoint"] < slow_save + slow_eval / 2  # nor the evaluation inside the save
+    assert callback.held_phase is None
+
+
+def test_hf_trainer_live_phases_with_two_eval_sets_and_best_saves(recorder: Recorder, tmp_path: Path) -> None:
+    require("transformers")
+    from gpumon.client.integrations.huggingface import GpumonCallback
+
+    slow_eval, slow_save = 0.4, 0.5  # each set's evaluation is one stretch of the phase
+    callback = GpumonCallback(job="hf-best", url=recorder.url, interval=0.05)
+    probe, seen = _probe(recorder, "hf-best", lambda: callback.reporter)
+    # the metric is the evaluation's count, lower is better: the first evaluation is the best, and saved
+    trainer = _hf_trainer(
+        tmp_path, callback, grad_accum=1, max_steps=4, slow_eval=slow_eval, slow_save=slow_save, eval_sets=2,
+        probe=probe, eval_strategy="steps", eval_steps=2, save_strategy="best",
+        metric_for_best_model="a_order", greater_is_better=False,
+    )  # fmt: skip
+    trainer.train()
+
+    assert (trainer.evaluations, trainer.saves) == (4, 1)  # two sets at steps 2 and 4; a save at step 2 only
+    # the second set's evaluation follows the first's on_evaluate: it is evaluation again, not a checkpoint
+    assert (
+        seen
+        == [("evaluate", {"evaluation"})] * 2
+        + [("save", {"checkpoint"})]
+        + [("evaluate", {"evaluation"})] * 2
+    )
+    final = _assert_live(recorder, "hf-best")
+    phases = final["phases"]
+    assert phases["evaluation"] >= trainer.evaluations * slow_eval
+    assert phases["checkpoint"] >= slow_save
+    assert phases["checkpoint"] < slow_save + slow_eval / 2  # no evaluation inside
+    assert phases["evaluation"] < trainer.evaluations * slow_eval + slow_save / 2  # no save inside
+    assert callback.held_phase is None
+
+
+def test_hf_trainer_that_raises_in_an_evaluation_leaves_it_at_the_next_train(
+    recorder: Recorder, tmp_path: Path
+) -> None:
+    require("transformers")
+    from gpumon.client.integrations.huggingface import GpumonCallback
+
+    callback = GpumonCallback(job="hf-raise", url=recorder.url, interval=60.0)
+    failing = _hf_trainer(
+        tmp_path / "failing", callback, 1, max_steps=2, slow_eval=0.1,
+        eval_error=RuntimeError("metrics broke"), eval_strategy="steps", eval_steps=2,
+    )  # fmt: skip
+    with pytest.raises(RuntimeError, match="metrics broke"):
+        failing.train()
+    # the Trainer has no exception hook: the evaluation is still open, and the daemon sees it running
+    assert callback.held_phase == "evaluation"
+    assert callback.reporter is not None and callback.reporter.flush()
+    assert _open(max(recorder.of("hf-raise"), key=lambda body: body["seq"]), "evaluation") >= 0.1
+
+    _hf_trainer(tmp_path / "next", callback, 1, max_steps=2).train()  # a retry: it is left before it starts
+    finals = [body for body in recorder.of("hf-raise") if body["final"]]
+    assert len(finals) == 2  # one per train(): the failed one's Reporter was closed by the second
+    assert all("open_phases" not in body for body in finals)
+    assert sorted(body["phases"].get("evaluation", 0.0) >= 0.1 for body in finals) == [False, True]
+    assert callback.held_phase is None and callback.reporter is None
+
+
+def test_hf_announced_phases_that_never_come_are_left_at_the_next_step() -> None:
+    require("transformers")
+    from gpumon.client import Reporter
+    from gpumon.client.integrations.huggingface import GpumonCallback
+
+    reporter = Reporter(job="hf-unit", enabled=True, url="http://127.0.0.1:9", interval=60.0)
+    callback = GpumonCallback(reporter)
+    args = SimpleNamespace(
+        train_batch_size=4, gradient_accumulation_steps=1, eval_on_start=True, save_strategy="best"
+    )
+    state = SimpleNamespace(global_step=0)
+
+    def control(evaluate: bool = False, save: bool = False) -> Any:
+        return SimpleNamespace(should_evaluate=evaluate, should_save=save, should_log=False)
+
+    def hook(name: str, flags: Any = None, **kwargs: Any) -> None:
+        getattr(callback, name)(args, state, flags if flags is not None else control(), **kwargs)
+
+    hook("on_train_begin")
+    assert callback.held_phase == "evaluation"  # eval_on_start evaluates right after on_train_begin
+    hook("on_evaluate", metrics={})
+    assert callback.held_phase is None  # no save follows an eval_on_start, best-model strategy or not
+    hook("on_step_begin")
+    hook("on_step_end", control(evaluate=True, save=True))
+    assert callback.held_phase == "evaluation"
+    hook("on_step_begin")  # a callback after this one took both back: neither came
+    assert callback.held_phase is None
+    hook("on_step_end", control(save=True))
+    assert callback.held_phase == "checkpoint"
+    hook("on_save")
+    assert callback.held_phase is None
+    hook("on_step_end", control(save=True))
+    hook("on_train_end")  # an announced save that never came ends with the run
+    assert callback.held_phase is None
+    phases = reporter.totals["phases"]
+    assert phases["evaluation"] > 0 and phases["checkpoint"] > 0
+    hook("on_evaluate", metrics={})  # trainer.evaluate() after train(): not timed
+    assert callback.held_phase is None
+    reporter.close(timeout=0.1)
+
+
 def test_hf_trainer_resumed_from_checkpoint_reports_its_step(recorder: Recorder, tmp_path: Path) -> None:
     require("transformers")
     from gpumon.client import Reporter
@@ -295,7 +473,9 @@ def test_hf_callback_rejects_ambiguous_token_count() -> None:
 def _tiny_lm(val_sleep: float = 0.0, sanity_sleep: float = 0.0, save_sleep: float = 0.0) -> Any:
     """A tiny LightningModule. ``validations`` counts validation runs during fit (not the sanity check), each
     batch of which sleeps ``val_sleep`` (``sanity_sleep`` in the sanity check); ``saves`` counts checkpoints,
-    each of which sleeps ``save_sleep``; ``save_error``, if set, is raised by every save (after the sleep)."""
+    each of which sleeps ``save_sleep``; ``save_error``, if set, is raised by every save (after the sleep),
+    ``val_error`` by every validation batch during fit; ``probe``, if set, is called after each sleep with
+    "validate" or "save"."""
     pl = require("lightning.pytorch")
     torch = require("torch")
     torch.manual_seed(0)
@@ -307,6 +487,8 @@ def _tiny_lm(val_sleep: float = 0.0, sanity_sleep: float = 0.0, save_sleep: floa
             self.out = torch.nn.Linear(16, 64)
             self.validations = self.saves = 0
             self.save_error: BaseException | None = None
+            self.val_error: BaseException | None = None
+            self.probe: Probe | None = None
 
         def _loss(self, batch: list[Any]) -> Any:
             (tokens,) = batch
@@ -317,7 +499,14 @@ def _tiny_lm(val_sleep: float = 0.0, sanity_sleep: float = 0.0, save_sleep: floa
             return self._loss(batch)
 
         def validation_step(self, batch: list[Any], batch_idx: int) -> Any:
-            time.sleep(sanity_sleep if self.trainer.sanity_checking else val_sleep)
+            if self.trainer.sanity_checking:
+                time.sleep(sanity_sleep)
+                return self._loss(batch)
+            time.sleep(val_sleep)
+            if self.probe is not None:
+                self.probe("validate")
+            if self.val_error is not None:
+                raise self.val_error
             return self._loss(batch)
 
         def on_validation_start(self) -> None:
@@ -327,6 +516,8 @@ def _tiny_lm(val_sleep: float = 0.0, sanity_sleep: float = 0.0, save_sleep: floa
         def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
             self.saves += 1
             time.sleep(save_sleep)
+            if self.probe is not None:
+                self.probe("save")
             if self.save_error is not None:
                 raise self.save_error
 
@@ -419,6 +610,60 @@ def test_lightning_times_validation_and_checkpoints(recorder: Recorder, tmp_path
     assert all("resumed_step" not in report for report in recorder.of("pl-badput"))  # a fresh run
     assert "save_checkpoint" not in vars(trainer)  # the class's method again
     assert callback.reporter is None
+
+
+def test_lightning_reports_validation_and_checkpoints_while_they_run(
+    recorder: Recorder, tmp_path: Path
+) -> None:
+    pl = require("lightning.pytorch")
+    from gpumon.client.integrations.lightning import GpumonCallback
+
+    val_sleep, save_sleep = 0.4, 0.8  # two validation batches: 0.8 s a validation
+
+    class SaveInsideValidation(
+        pl.Callback
+    ):  # before this callback's on_validation_end: inside the evaluation
+        def on_validation_epoch_end(self, trainer: Any, pl_module: Any) -> None:
+            trainer.save_checkpoint(tmp_path / f"inside-{trainer.global_step}.ckpt")
+
+    callback = GpumonCallback(job="pl-live", url=recorder.url, interval=0.05)
+    trainer = _lightning_trainer(
+        callback, SaveInsideValidation(), max_steps=2, val_check_interval=2, limit_val_batches=2,
+        num_sanity_val_steps=0,
+    )  # fmt: skip
+    module = _tiny_lm(val_sleep=val_sleep, save_sleep=save_sleep)
+    module.probe, seen = _probe(recorder, "pl-live", lambda: callback.reporter)
+    trainer.fit(module, _token_rows(40), _token_rows(8))
+
+    assert (module.validations, module.saves) == (1, 1)
+    # inside each, the daemon was told that one was running, and only that one
+    assert seen == [("validate", {"evaluation"})] * 2 + [("save", {"checkpoint"})]
+    final = _assert_live(recorder, "pl-live")
+    phases = final["phases"]
+    assert phases["evaluation"] >= 2 * val_sleep
+    assert phases["checkpoint"] >= save_sleep
+    assert phases["evaluation"] < 2 * val_sleep + save_sleep / 2  # the save inside it was taken out
+    assert phases["checkpoint"] < save_sleep + val_sleep / 2
+    assert callback.held_phase is None
+
+
+def test_lightning_failing_validation_leaves_the_evaluation(recorder: Recorder) -> None:
+    require("lightning")
+    from gpumon.client.integrations.lightning import GpumonCallback
+
+    callback = GpumonCallback(job="pl-val-fail", url=recorder.url, interval=60.0)
+    trainer = _lightning_trainer(
+        callback, max_steps=2, val_check_interval=2, limit_val_batches=1, num_sanity_val_steps=0
+    )
+    module = _tiny_lm(val_sleep=0.1)
+    module.val_error = RuntimeError("validation broke")
+    with pytest.raises(RuntimeError, match="validation broke"):
+        trainer.fit(module, _token_rows(40), _token_rows(8))
+
+    final = recorder.final("pl-val-fail")  # on_exception sent it, the evaluation left before
+    assert "open_phases" not in final
+    assert final["phases"]["evaluation"] >= 0.1
+    assert callback.held_phase is None and callback.reporter is None
 
 
 def test_lightning_fit_from_a_checkpoint_reports_its_step(recorder: Recorder, tmp_path: Path) -> None:
@@ -517,6 +762,8 @@ def test_lightning_failing_checkpoint_propagates_and_is_unwrapped_once(
     final = recorder.final("pl-fail")  # exactly one: on_exception sent it
     assert final["totals"]["steps"] == 2
     assert final["phases"]["checkpoint"] >= 0.1  # the failed save held training up too
+    assert "open_phases" not in final  # and its phase was left before the final report
+    assert callback.held_phase is None
 
 
 def test_lightning_count_returning_a_tensor_is_refused_not_synced(caplog: pytest.LogCaptureFixture) -> None:
