@@ -114,9 +114,10 @@ class Reporter:
             )  # fmt: skip
             for problem in problems:
                 log.warning("gpumon: %s", problem)
+            transport = Transport(self.settings.url, self.settings.token)
+            # claimed only by a Reporter that will report: a failed one must not take the process's start
             self.process_started = claim_process_start()
             self.memory_source = AllocatorReader(self.settings.cuda_ordinal, self.settings.local_rank).read
-            transport = Transport(self.settings.url, self.settings.token)
         except Exception:
             log.warning("gpumon: reporting is off: the Reporter could not be set up", exc_info=True)
             return

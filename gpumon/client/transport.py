@@ -312,7 +312,9 @@ class Sender:
                     "without them", self.transport.url, detail,
                 )  # fmt: skip
             self.core_only, self._core_since = True, time.monotonic()
-            left = None if timeout is None else max(0.0, timeout - (time.monotonic() - started))
+            left = None if timeout is None else timeout - (time.monotonic() - started)
+            if left is not None and left <= 0.0:
+                return False  # no time left to resend: the next report carries the same totals
             return self.send(full, left)
         if 200 <= status < 300:
             if self._outage or self._rejections:

@@ -81,12 +81,15 @@ class TrainingCollector:
         f: dict[str, Any] = {m.name: _family(m) for m in _PER_SCRAPE}
         lib = self.library.library() if self.library is not None else None
         now = self.analysis.clock()
+        live: set[tuple[str, int]] = set()
         for job in self.analysis.jobs(now):
             _add_job(f, job)
+            live.update((job.job, r.view.report.rank) for r in job.ranks)
             if lib is not None:
                 _add_baseline(f, job, lib, self.analysis.store.baseline_steps)
         for job_name, rank, ledger in self.analysis.store.gone_ledgers(now):
-            _add_ledger(f, [job_name, str(rank)], ledger)
+            if (job_name, rank) not in live:  # it went between the two reads: exported above already
+                _add_ledger(f, [job_name, str(rank)], ledger)
         for job_name, lost in self.analysis.store.lost(now).items():
             f[M.RANKS_LOST.name].add_metric([job_name], lost)
         yield from (fam for fam in f.values() if fam.rows)

@@ -267,16 +267,20 @@ class JobStore:
     def _revive(self, key: tuple[str, int], r: Report, now: float) -> Rank:
         """A new rank, or one that went and came back: then its counters continue where they were."""
         fresh = Rank(report=r, received=now)
-        went = self._gone.pop(key, None)
+        went = self._gone.get(key)
         if went is None:
             return fresh
         old = went[1]
         if r.incarnation == old.report.incarnation:  # silent past the TTL, then back: the same process
             _check_monotonic(old.report, r)
-            fresh.offsets, fresh.restarts, fresh.ledger = old.offsets, old.restarts, old.ledger
+            fresh.offsets = _allocator_resets(old.offsets, old.report, r)
+            fresh.restarts, fresh.ledger = old.restarts, old.ledger
         elif r.started >= old.report.started:
             fresh.offsets, fresh.restarts = old.offsets.plus(old.report), old.restarts + 1
             fresh.ledger = old.ledger
+        else:  # a late report of a process its successor replaced: the rank's past stays as it was
+            raise Stale()
+        del self._gone[key]
         return fresh
 
     def _admit(self, r: Report) -> None:
@@ -312,7 +316,8 @@ class JobStore:
             if not rank.report.final:
                 self._lost[key[0]] = (self._lost.get(key[0], (0, now))[0] + 1, now)
         self.expired += len(gone)
-        if gone or len(self._gone) > 4 * self.max_ranks:
+        oldest = min((went for went, _ in self._gone.values()), default=now)
+        if gone or len(self._gone) > 4 * self.max_ranks or now - oldest > RETAIN_OFFSETS:
             keep = sorted(self._gone.items(), key=lambda kv: kv[1][0])[-4 * self.max_ranks :]
             self._gone = {k: v for k, v in keep if now - v[0] <= RETAIN_OFFSETS}
 

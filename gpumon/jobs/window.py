@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from gpumon.jobs.goodput.ledger import SEEN_FROM_START
 from gpumon.jobs.store import Point, RankView
 
 STALL_STEPS = 4.0
@@ -61,7 +62,8 @@ def measure(view: RankView, now: float, window: float) -> Rates:
     progress = [p for p in ((view.anchor,) if view.anchor else ()) + view.points if p.updated is not None]
     span = _span(progress, horizon)
     step_time, ratios = _phases(view.points, horizon)
-    retries, ooms = _allocator(view.points, horizon)
+    # a rank first seen mid-run (a daemon restart, a revival): its counts so far are not the window's
+    retries, ooms = _allocator(view.points, horizon, view.report.seq < SEEN_FROM_START)
     last = max((p.updated or 0.0 for p in progress), default=None)
     stall_after = max(STALL_FLOOR, STALL_STEPS * (step_time or 0.0))
     progressing = last is not None and clock - last <= stall_after
@@ -91,7 +93,7 @@ def measure(view: RankView, now: float, window: float) -> Rates:
     )
 
 
-def _allocator(points: Sequence[Point], horizon: float) -> tuple[float | None, float | None]:
+def _allocator(points: Sequence[Point], horizon: float, fresh: bool) -> tuple[float | None, float | None]:
     """Allocation retries and OOMs between the oldest report in the window and the newest. A process that
     reset its counters (torch.cuda.reset_accumulated_memory_stats) counts from the reset."""
     if not points or points[-1].alloc_retries is None:
@@ -102,6 +104,8 @@ def _allocator(points: Sequence[Point], horizon: float) -> tuple[float | None, f
     # a single report so far: everything it counts happened since its process started, moments ago
     base = inside[0] if inside else (older[-1] if older else None)
     if base is None or base.alloc_retries is None:
+        if not fresh:
+            return 0.0, 0.0
         return newest.alloc_retries, newest.ooms
     out = []
     for a, b in ((base.alloc_retries, newest.alloc_retries), (base.ooms, newest.ooms)):

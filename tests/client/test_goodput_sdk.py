@@ -168,6 +168,15 @@ def test_only_the_first_reporter_of_a_process_sends_its_start(
     assert second.flush() and "process_started" not in srv.bodies[-1]
 
 
+def test_a_reporter_that_could_not_be_set_up_leaves_the_process_start_to_the_next(
+    server: Server, reporters: Callable[..., Reporter], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(start_module, "_claimed", False)
+    broken = reporters(url="ftp://nowhere")
+    assert not broken.enabled and broken.process_started is None
+    assert reporters(url=server().url, interval=60).process_started is not None
+
+
 def test_a_failing_read_is_logged_once_and_reading_stops(
     fake_torch: FakeCuda, caplog: pytest.LogCaptureFixture
 ) -> None:

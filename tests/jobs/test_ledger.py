@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 import pytest
 from support.reports import T0, histogram, report
+from support.timeline import Process
 
 from gpumon.client import protocol as P
 from gpumon.jobs.goodput.ledger import CAUSES, STALL_FLOOR, Ledger
 from gpumon.jobs.report import parse
-from gpumon.jobs.store import JobStore
+from gpumon.jobs.store import JobStore, Stale
 
 
 def rep(
@@ -244,3 +246,171 @@ def test_allocator_counters_never_go_back_when_a_process_resets_them() -> None:
         (view,) = store.views(T0 + seq)
         counts.append(view.allocator_counts())
     assert counts == [(5, 0), (20, 0), (23, 0), (24, 0)]
+
+
+# ---- timelines: steps, phases and reports as a process makes them (the second review's findings) --------
+
+
+def run(*reports: dict[str, Any]) -> tuple[Ledger, dict[str, float]]:
+    ledger = Ledger()
+    out = feed(ledger, *reports)
+    v = ledger.view()
+    assert v.total + v.pending == pytest.approx(v.until - v.since), "every second in exactly one bucket"
+    return ledger, out
+
+
+def test_a_lasting_change_of_step_time_costs_a_couple_of_steps_not_the_run() -> None:
+    """0.5 s steps, then steady 12 s steps (a longer sequence): the recent mean follows within two steps."""
+    p = Process("a1", T0)
+    first = p.report(T0 + 0.5)
+    last, reports = p.train(T0 + 1, 0.5, 1000)
+    before = run(first, *reports)[1]
+    last, more = p.train(last + 12, 12, 100)
+    after = run(first, *reports, *more)[1]
+    assert after.get("stall", 0) - before.get("stall", 0) <= 24.5
+    assert after["goodput"] - before["goodput"] >= 1200 - 24 - 12  # the last step has no report after it
+
+
+def test_one_hang_does_not_blind_the_ledger_to_the_next() -> None:
+    p = Process("a1", T0)
+    reports = [p.report(T0 + 0.5)]
+    last = p.steps_every(T0 + 1, 0.1, 100)
+    reports += p.reports(last + 0.1, last + 1800)  # a 30-minute hang, seen by the reports
+    last = p.steps_every(last + 1800, 0.1, 100)
+    reports += p.reports(last + 1, last + 30)  # 10 s later, a 30 s hang
+    p.step(last + 30.1)
+    reports.append(p.report(last + 30.2))
+    out = run(*reports)[1]
+    assert out["stall"] == pytest.approx(1800 + 30, abs=1.0)
+
+
+def test_a_long_checkpoint_then_steps_is_no_stall() -> None:
+    p = Process("a1", T0)
+    reports = [p.report(T0 + 0.5)]
+    last = p.steps_every(T0 + 1, 0.1, 20)
+    reports.append(p.report(T0 + 3))
+    p.enter("checkpoint", T0 + 3)
+    reports += p.reports(T0 + 4, T0 + 33)
+    p.leave("checkpoint", T0 + 33.5)
+    p.steps_every(T0 + 34, 0.1, 10)
+    reports.append(p.report(T0 + 35))
+    out = run(*reports)[1]
+    assert "stall" not in out and out["checkpoint"] == pytest.approx(30.5)
+    del last
+
+
+def test_an_unseen_stall_among_steps_with_data_waits_keeps_its_whole_length() -> None:
+    """Reports a minute apart; 300 steps of 0.1 s with 0.05 s of data wait each, and one 30 s freeze."""
+    p = Process("a1", T0)
+    reports = [p.report(T0 + 0.5)]
+    t = p.steps_every(T0 + 1, 0.1, 20) + 0.1
+    reports.append(p.report(t))
+    for k in range(300):
+        p.enter("data_wait", t)
+        p.leave("data_wait", t + 0.05)
+        t += 30.1 if k == 150 else 0.1
+        p.step(t)
+    reports.append(p.report(t + 0.05))
+    out = run(*reports)[1]
+    assert out["stall"] == pytest.approx(30.0, abs=0.3) and out["data_wait"] == pytest.approx(15.0, abs=0.1)
+
+
+def test_an_unseen_freeze_before_the_second_step_is_a_stall() -> None:
+    p = Process("a1", T0)
+    reports = [p.report(T0 + 0.5)]
+    p.step(T0 + 1)
+    reports.append(p.report(T0 + 1.1))
+    p.steps_every(T0 + 301, 0.1, 10)  # frozen 300 s whole: no report in between
+    reports.append(p.report(T0 + 302))
+    out = run(*reports)[1]
+    # without a mean, the other steps count at their buckets' upper bounds: the stall is at least this
+    assert out["stall"] == pytest.approx(300.0, abs=2.0)
+
+
+def test_phase_time_from_before_the_first_step_stays_start_ups() -> None:
+    p = Process("a1", T0)
+    reports = [p.report(T0 + 0.5)]
+    p.phases["checkpoint"] = 3.0  # loading the checkpoint, reported once it was done
+    p.step(T0 + 4.5)
+    p.steps_every(T0 + 4.6, 0.1, 10)
+    reports.append(p.report(T0 + 5.5))
+    out = run(*reports)[1]
+    assert out == pytest.approx({"startup": 4.5, "goodput": 1.0})
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_random_timelines_put_every_second_in_exactly_one_bucket(seed: int) -> None:
+    rng = random.Random(seed)
+    p = Process("a1", T0, process_started=T0 - rng.uniform(0, 5))
+    reports = [p.report(T0 + 0.5)]
+    t = T0 + 1.0
+    for _ in range(rng.randint(20, 80)):
+        kind = rng.random()
+        if kind < 0.1:
+            phase = rng.choice(["checkpoint", "evaluation", "data_wait"])
+            p.enter(phase, t)
+            end = t + rng.uniform(0.1, 40)
+            reports += p.reports(t + 0.3, end)
+            p.leave(phase, end)
+            t = end
+        elif kind < 0.15:
+            t += rng.uniform(5, 90)  # a hang, seen or not
+            if rng.random() < 0.5:
+                reports += p.reports(t - 4, t)
+        t = p.steps_every(t, rng.uniform(0.05, 3), rng.randint(1, 30)) + rng.uniform(0, 0.5)
+        reports.append(p.report(t))
+    run(*reports)
+
+
+def test_gone_ranks_are_dropped_after_an_hour_whatever_else_happens() -> None:
+    """A same-named job hours later is a new job, not a restart with hours of restart badput."""
+    store = JobStore(max_jobs=4, max_ranks=8, ttl=5.0, window=60.0)
+    store.ingest(parse(rep(T0 + 1, 1, first=T0 + 1, last=T0 + 1)), T0 + 1)
+    store.views(T0 + 10)  # gone
+    assert [job for job, _, _ in store.gone_ledgers(T0 + 3000)] == ["llm"]
+    assert store.gone_ledgers(T0 + 3 * 3600) == []  # nothing else went in between: dropped all the same
+    later = T0 + 5 * 3600
+    store.ingest(parse(rep(later + 1, 0, incarnation="b2", started=later)), later + 1)
+    (view,) = store.views(later + 1)
+    assert view.restarts == 0 and view.ledger.badput["restart"] == 0.0
+
+
+def test_a_late_report_of_a_replaced_process_leaves_the_gone_rank_as_it_was() -> None:
+    store = JobStore(max_jobs=4, max_ranks=8, ttl=5.0, window=60.0)
+    store.ingest(parse(rep(T0 + 1, 1, first=T0 + 1, last=T0 + 1)), T0 + 1)
+    s = T0 + 10
+    store.ingest(parse(rep(s + 1, 11, first=s, last=s + 1, incarnation="b2", started=s, seq=5)), s + 1)
+    store.views(s + 20)  # the successor went too
+    with pytest.raises(Stale):  # the first process's report, arriving late
+        store.ingest(parse(rep(s + 21, 2, first=T0 + 1, last=T0 + 2, seq=9)), s + 21)
+    (gone,) = store.gone_ledgers(s + 21)
+    assert gone[2].steps_redone == 0 and gone[2].badput["restart"] > 0  # the successor's ledger, intact
+
+
+def test_a_revived_process_that_reset_its_allocator_counters_keeps_them_growing() -> None:
+    store = JobStore(max_jobs=4, max_ranks=8, ttl=5.0, window=60.0)
+    body = rep(T0 + 1, 1, first=T0 + 1, last=T0 + 1, seq=1, memory={"device": 0, "alloc_retries": 20})
+    store.ingest(parse(body), T0 + 1)
+    store.views(T0 + 10)  # silent past the TTL
+    back = rep(T0 + 11, 1, first=T0 + 1, last=T0 + 1, seq=2, memory={"device": 0, "alloc_retries": 3})
+    store.ingest(parse(back), T0 + 11)
+    (view,) = store.views(T0 + 11)
+    assert view.allocator_counts() == (23, 0)
+
+
+def test_a_rank_first_seen_mid_run_has_no_retries_in_the_window_yet() -> None:
+    """After a daemon restart, a day-old rank's lifetime retries are not this window's."""
+    from gpumon.jobs.window import measure
+
+    store = JobStore(max_jobs=4, max_ranks=8, ttl=60.0, window=60.0)
+    body = rep(
+        T0 + 500, 4001, first=T0 + 1, last=T0 + 500, seq=500, memory={"device": 0, "alloc_retries": 5000}
+    )
+    store.ingest(parse(body), T0 + 500)
+    (view,) = store.views(T0 + 500)
+    assert measure(view, T0 + 500, 60.0).alloc_retries == 0.0
+    fresh = JobStore(max_jobs=4, max_ranks=8, ttl=60.0, window=60.0)
+    body = rep(T0 + 2, 11, first=T0 + 1, last=T0 + 2, seq=1, memory={"device": 0, "alloc_retries": 5})
+    fresh.ingest(parse(body), T0 + 2)
+    (view,) = fresh.views(T0 + 2)
+    assert measure(view, T0 + 2, 60.0).alloc_retries == 5  # seen from its start: they are recent

@@ -11,8 +11,9 @@ every second of that interval lands in exactly one bucket. Which bucket, when se
 3. What is left waits for the next step. A step that lands takes it: ``lost_progress`` for a step at or
    below the rank's high-water global step (redone after resuming from an older checkpoint), else
    ``goodput``, less ``slow_steps``: the excess over the job's baseline step time, when it has one.
-   No step for longer than STALL_STEPS mean step times (at least STALL_FLOOR seconds): ``stall``, from the
-   last step on.
+   No step, beyond the phases, for longer than STALL_STEPS recent mean step times (at least STALL_FLOOR
+   seconds): ``stall``, from the last step on. The recent mean follows the step times of the last minute
+   or so (an exponential average).
 
 Counters only grow: a stall is recognised late, so time waiting for a step is held (``pending``) and
 classified when the step lands or the stall is recognised. A stall no report saw (reports far apart, a
@@ -25,6 +26,7 @@ the job store calls it under its lock.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -42,9 +44,10 @@ CAUSES = (
     "slow_steps",
 )
 CLAIMING_PHASES = ("checkpoint", "evaluation", "data_wait")  # in the order they win
-# the same rule as a rank's "progressing" (window.py): no step for this many mean step times is a stall
+# as a rank's "progressing" (window.py): no step for this many recent mean step times is a stall
 STALL_STEPS = 4.0
 STALL_FLOOR = 10.0
+MEAN_SECONDS = 60.0  # the time constant of the recent mean step time
 # a process first seen with a report numbered below this was seen from its start (the SDK sends seq 0 as
 # the Reporter is made); later, the daemon started after it, and its past is not guessed
 SEEN_FROM_START = 3
@@ -72,22 +75,8 @@ class LedgerView:
 class Ledger:
     # slots: a gone rank keeps its ledger for an hour (with its offsets), up to 4 x --max-ranks of them
     __slots__ = (
-        "_base",
-        "_claimed",
-        "_follows",
-        "_high",
-        "_hist",
-        "_incarnation",
-        "_pending",
-        "_seen",
-        "_stalled",
-        "_stepped",
-        "_steps",
-        "_to",
-        "badput",
-        "goodput",
-        "since",
-        "steps_redone",
+        "_base", "_claimed", "_follows", "_high", "_hist", "_incarnation", "_mean", "_pending", "_seen",
+        "_stalled", "_stepped", "_steps", "_to", "badput", "goodput", "since", "steps_redone",
     )  # fmt: skip
 
     def __init__(self) -> None:
@@ -106,7 +95,9 @@ class Ledger:
         self._high = 0.0  # the rank's high-water global step
         self._base = 0.0  # the global step this process started from
         self._hist: tuple[tuple[float, ...], float] = ((), 0.0)  # its step histogram at the last report
-        self._claimed = 0.0  # phase seconds claimed since its last step
+        # phase seconds claimed since its last step: (checkpoint and evaluation, data wait)
+        self._claimed = (0.0, 0.0)
+        self._mean: float | None = None  # its recent mean step time
 
     def view(self) -> LedgerView:
         return LedgerView(
@@ -147,9 +138,16 @@ class Ledger:
             self.steps_redone += min(self._steps, max(0.0, self._high - self._base))
             self._high = max(self._high, self._base + self._steps)
             left -= before
+            # phase time that arrives with the first step may be from before it, start-up's already
+            budget = before
+            for phase, seconds in _claimable(r).items():
+                absorbed = min(budget, max(0.0, seconds - self._seen.get(phase, 0.0)))
+                self._seen[phase] = self._seen.get(phase, 0.0) + absorbed
+                budget -= absorbed
         for phase in CLAIMING_PHASES:
             left -= self._claim(phase, r, left)
         self._after_claims(r, left, baseline_step)
+        self._learn_mean(r)  # after the stall tests, which hold a step to the mean from before it
         self._hist = _histogram(r)
         self._to = r.time
 
@@ -161,7 +159,8 @@ class Ledger:
         self._steps = 0.0
         self._seen = {}
         self._hist = ((), 0.0)
-        self._claimed = 0.0
+        self._claimed = (0.0, 0.0)
+        self._mean = None
         self._base = self._high if r.resumed_step is None else float(r.resumed_step)
         if not first:
             # the predecessor's time after its last step, and the gap until this process, is the restart's
@@ -197,16 +196,27 @@ class Ledger:
         late = min(grown - taken, self._pending)
         self._pending -= late
         self._add(phase, taken + late)
-        self._claimed += taken + late
+        big, wait = self._claimed
+        if phase == "data_wait":
+            self._claimed = (big, wait + taken + late)
+        else:
+            self._claimed = (big + taken + late, wait)
         return taken
+
+    def _stall_after(self) -> float:
+        if self._mean is None:
+            return STALL_UNKNOWN
+        return max(STALL_FLOOR, STALL_STEPS * self._mean)
 
     def _after_claims(self, r: Report, left: float, baseline_step: float | None) -> None:
         left = max(0.0, left)
         steps = r.totals.steps - self._steps
         last = r.updated if r.updated is not None else r.time
+        big, wait = self._claimed
         if steps <= 0:
             self._pending += left
-            if self._stalled or r.time - last > _stall_after(r):
+            # the phases since the last step are not waiting for one: a long save is not a stall
+            if self._stalled or r.time - last - big - wait > self._stall_after():
                 self._stalled = True
                 self._add("stall", self._pending)
                 self._pending = 0.0
@@ -214,10 +224,10 @@ class Ledger:
         tail = min(left, max(0.0, r.time - last))  # waiting for the next step already
         work = self._pending + left - tail
         self._pending = tail
-        claimed, self._claimed = self._claimed, 0.0
+        self._claimed = (0.0, 0.0)
         if self._stalled:  # the step that ended the stall: its share of the interval is the stall's too
             self._stalled = False
-            share = (left - tail) / steps
+            share = min(work, (left - tail) / max(1.0, steps))
             self._add("stall", share)
             work -= share
             steps -= 1
@@ -228,9 +238,11 @@ class Ledger:
         else:
             # a stall no report saw (reports far apart, or the whole process frozen): the step histogram
             # still has the long steps
-            long_steps, long_time = self._long_steps(r)
-            if long_steps > 0:
-                stall = min(work, max(0.0, long_time - claimed))
+            long_steps, long_time, grown = self._long_steps(r)
+            # checkpoints and evaluations are why a step runs long; data waits are every step's, evenly
+            unexplained = long_time - big - (wait * long_steps / grown if grown > 0 else 0.0)
+            if long_steps > 0 and unexplained > long_steps * self._stall_after():
+                stall = min(work, unexplained)
                 self._add("stall", stall)
                 work -= stall
                 steps -= long_steps
@@ -255,25 +267,54 @@ class Ledger:
         self._steps = r.totals.steps
         self._high = max(self._high, self._base + self._steps)
 
-    def _long_steps(self, r: Report) -> tuple[float, float]:
+    def _learn_mean(self, r: Report) -> None:
+        """The recent mean step time, from the histogram's growth since the last report: an exponential
+        average over about MEAN_SECONDS of steps, where one report weighs at most half and a step counts
+        as at most the stall threshold. So a stall raises it a little, and a lasting change of step time (a
+        longer sequence) costs a step or two counted as stall before the mean follows."""
+        counts, total = self._hist
+        h = r.step_seconds
+        grown = h.count - (sum(counts) if counts else 0.0)
+        if grown <= 0:
+            return
+        # a stall counts as the threshold it crossed: it raises the mean, but one hang cannot blind the
+        # ledger to the next one
+        mean = min(max(0.0, h.sum - total) / grown, self._stall_after())
+        if self._mean is None:
+            self._mean = mean
+            return
+        # weighed by the step time observed, not the report interval: 12 s steps are learnt in a few steps
+        weight = min(0.5, 1.0 - math.exp(-max(0.0, h.sum - total) / MEAN_SECONDS))
+        self._mean += weight * (mean - self._mean)
+
+    def _long_steps(self, r: Report) -> tuple[float, float, float]:
         """Steps since the last report that took longer than the stall threshold, by the histogram's buckets
-        (only buckets wholly above it), and their seconds: the histogram's growth less the others' mean."""
+        (only buckets wholly above it); their seconds (the histogram's growth less the other steps' recent
+        mean, or at least their buckets' lower bounds); and how many steps the histogram grew by."""
         counts, total = self._hist
         h = r.step_seconds
         if not counts:
-            return 0.0, 0.0
-        before = sum(counts)
-        if before <= 0:
-            return 0.0, 0.0
-        mean = total / before
-        threshold = max(STALL_FLOOR, STALL_STEPS * mean)
+            return 0.0, 0.0, 0.0
+        threshold = self._stall_after()
         grown = [b - a for a, b in zip(counts, h.counts, strict=True)]
         # bucket i holds (BUCKETS[i-1], BUCKETS[i]]: it is wholly above the threshold from its lower bound
-        long_steps = sum(n for i, n in enumerate(grown) if i > 0 and BUCKETS[i - 1] >= threshold)
+        long = [
+            (BUCKETS[i - 1], n)
+            for i, n in enumerate(grown)
+            if i > 0 and n > 0 and BUCKETS[i - 1] >= threshold
+        ]
+        long_steps = sum(n for _, n in long)
         if long_steps <= 0:
-            return 0.0, 0.0
+            return 0.0, 0.0, sum(grown)
+        floor = sum(bound * n for bound, n in long)
         short = sum(grown) - long_steps
-        return long_steps, max(0.0, (h.sum - total) - short * mean)
+        if self._mean is not None:
+            others = short * self._mean
+        else:  # no mean yet: the other steps at their buckets' upper bounds, the least the long ones took
+            others = sum(
+                BUCKETS[i] * n for i, n in enumerate(grown[: len(BUCKETS)]) if BUCKETS[i] < threshold
+            )
+        return long_steps, max(floor, (h.sum - total) - others), sum(grown)
 
     def _add(self, cause: str, seconds: float) -> None:
         if seconds > 0.0:
@@ -286,11 +327,3 @@ def _histogram(r: Report) -> tuple[tuple[float, ...], float]:
 
 def _claimable(r: Report) -> dict[str, float]:
     return {p: r.phases.get(p, 0.0) + r.open_phases.get(p, 0.0) for p in CLAIMING_PHASES}
-
-
-def _stall_after(r: Report) -> float:
-    h = r.step_seconds
-    count = h.count
-    if count <= 0:
-        return STALL_UNKNOWN
-    return max(STALL_FLOOR, STALL_STEPS * h.sum / count)
