@@ -190,9 +190,9 @@ BADPUT = metric(
     "counter",
     "Wall-clock seconds of the rank that did not become training progress, by cause: startup (process "
     "start to first step), restart (a dead process's last step to its successor's first), checkpoint, "
-    "evaluation, data_wait, stall (no step for 4 mean step times, at least 10 s), lost_progress (steps "
-    "redone after resuming from an older checkpoint), slow_steps (excess over the baseline step time). "
-    "Every cause from 0.",
+    "evaluation, data_wait, stall (no step, beyond those phases, for 4 recent mean step times, at least "
+    "10 s), lost_progress (steps redone after resuming from an older checkpoint), slow_steps (excess over "
+    "the baseline step time). Every cause from 0.",
     (*RANK, "cause"),
     "seconds",
     "SDK steps, phases, process start and resumed step",
