@@ -9,6 +9,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import os
+import re
+import signal
 import sys
 from collections.abc import Sequence
 from typing import NoReturn
@@ -40,6 +43,9 @@ _DEFAULT_LOG_LEVEL = {
 }
 
 
+_NEGATIVE = re.compile(r"^-\.?\d")
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
@@ -55,7 +61,12 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     for name, (module, help_) in COMMANDS.items():
         p = sub.add_parser(name, help=help_, description=help_)
         module.add_arguments(p)
-        add_common_options(p, gpus=getattr(module, "USES_GPUS", True))
+        add_common_options(
+            p,
+            gpus=getattr(module, "USES_GPUS", True),
+            exposition=getattr(module, "EXPOSES", False),
+            log_level=_DEFAULT_LOG_LEVEL[name],
+        )
         commands[name] = p
     return parser, commands
 
@@ -65,9 +76,21 @@ def _flags(args: argparse.Namespace) -> dict[str, object]:
     return {n: getattr(args, n, None) for n in names}
 
 
+def _negative_values(argv: Sequence[str]) -> list[str]:
+    """``--interval -1s`` as ``--interval=-1s``: argparse takes a value that starts with a dash for an
+    option and says "expected one argument"; joined, the value reaches its own check and its message."""
+    out: list[str] = []
+    for token in argv:
+        if out and _NEGATIVE.match(token) and out[-1].startswith("--") and "=" not in out[-1]:
+            out[-1] = f"{out[-1]}={token}"
+        else:
+            out.append(token)
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser, commands = build_parser()
-    args, extra = parser.parse_known_args(argv)
+    args, extra = parser.parse_known_args(_negative_values(sys.argv[1:] if argv is None else argv))
     if args.command is None:
         parser.error("choose a command: " + ", ".join(COMMANDS))
     if extra:  # reported by the subcommand, so the hint points at its own --help
@@ -79,7 +102,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.log_level is None and settings.log_level == "info":
             settings.log_level = _DEFAULT_LOG_LEVEL[args.command]
         setup_logging(settings.log_level)
-        return module.run(settings, args)
+        status = module.run(settings, args)
+        sys.stdout.flush()  # here, where a reader that went away is handled, not at interpreter exit
+        return status
+    except BrokenPipeError:
+        # the reader went away (gpumon snapshot | head -1): end quietly, as a Unix tool killed by SIGPIPE
+        # would; stdout is pointed at /dev/null so the interpreter's last flush does not complain either
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
     except ConfigError as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2

@@ -132,6 +132,12 @@ def _record(path: str, args: argparse.Namespace) -> int:
     warmup = 0.0 if args.warmup.strip() in ("0", "0s", "0m", "0ms") else parse_duration(args.warmup, "warmup")
     url = args.url or default_url()
     job_path(args.job)  # the empty-name check
+    get_json(
+        url,
+        job_path(args.job),
+        missing=f"no job {args.job!r} reports to the daemon at {display_url(url)} (gpumon diagnose lists "
+        "those that do)",
+    )
     missing = (
         f"the daemon at {display_url(url)} has no history for job {args.job!r} yet: it samples every job "
         "every 10 s, and a baseline needs a few minutes of them (gpumon diagnose lists the jobs it sees)"
@@ -234,6 +240,7 @@ def _compare(path: str, args: argparse.Namespace) -> int:
 
 
 def _delete(path: str, args: argparse.Namespace) -> int:
+    B.load(path).without(args.names)  # unknown names refused before a lock file (or folder) is made
     with B.editing(path) as box:
         box[0] = box[0].without(args.names)
     print(f"deleted {', '.join(args.names)} from {path}")

@@ -58,9 +58,11 @@ def comparison(job: str, section: Mapping[str, Any]) -> str:
         r = ratios.get(name)
         verdict = ""
         if isinstance(r, int | float):
+            # the figure's own change (a step time 52.8 % longer is +52.8 %), then what it means
             worse = r < 1 if higher_better else r > 1
-            change = (r - 1) if higher_better else (1 - r)
-            verdict = f"{change:+.1%}" + (" worse" if worse and abs(r - 1) >= 0.05 else "")
+            verdict = f"{r - 1:+.1%}".replace("%", " %")
+            if abs(r - 1) >= 0.05:
+                verdict += " worse" if worse else " better"
         lines.append(
             f"  {heading:<14} {_fmt(t, now.get(name)):>12} {_fmt(t, base.get(name)):>12} "
             f"{_fmt('{:.3f}', r):>8}  {verdict}".rstrip()

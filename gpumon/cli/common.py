@@ -27,12 +27,15 @@ from gpumon.metrics.registry import DETAILS
 log = logging.getLogger("gpumon")
 
 
-def add_common_options(p: argparse.ArgumentParser, *, gpus: bool = True) -> None:
+def add_common_options(
+    p: argparse.ArgumentParser, *, gpus: bool = True, exposition: bool = False, log_level: str = "info"
+) -> None:
     """--config and --log-level for every command; the GPU source and telemetry options for those that
-    sample GPUs (diagnose and estimate only talk to a daemon or do arithmetic)."""
+    sample GPUs (diagnose and estimate only talk to a daemon or do arithmetic); what shapes /metrics only
+    for the command that serves it. A command's --help lists only what it uses."""
     o = p.add_argument_group("general")
     o.add_argument("--config", metavar="PATH", help="TOML config file (also GPUMON_CONFIG)")
-    o.add_argument("--log-level", choices=("debug", "info", "warning", "error"), help="default: info")
+    o.add_argument("--log-level", choices=("debug", "info", "warning", "error"), help=f"default: {log_level}")
     if not gpus:
         return
     o.add_argument(
@@ -108,23 +111,26 @@ def add_common_options(p: argparse.ArgumentParser, *, gpus: bool = True) -> None
     )
     t.add_argument("--dcgm-address", metavar="HOST:PORT", help="an nv-hostengine to read (default: embedded)")
     t.add_argument(
+        "--kubelet-socket", metavar="PATH", help="kubelet pod-resources socket ('' to turn pod lookups off)"
+    )
+    t.add_argument("--proc-root", metavar="PATH", help="the host's /proc (default /proc)")
+    if not exposition:
+        return
+    x = p.add_argument_group("the exposition (/metrics)")
+    x.add_argument(
         "--owner-labels",
         action=argparse.BooleanOptionalAction,
         default=None,
         help="add the owning pod or Slurm job as labels on every per-GPU series (off)",
     )
-    t.add_argument(
-        "--kubelet-socket", metavar="PATH", help="kubelet pod-resources socket ('' to turn pod lookups off)"
-    )
-    t.add_argument("--proc-root", metavar="PATH", help="the host's /proc (default /proc)")
-    t.add_argument("--compat", choices=("dcgm",), help="also emit dcgm-exporter metric names and units")
-    t.add_argument(
+    x.add_argument("--compat", choices=("dcgm",), help="also emit dcgm-exporter metric names and units")
+    x.add_argument(
         "--compat-hostname-label",
         choices=("Hostname", "hostname"),
         help="spelling of the host label on --compat dcgm series: Hostname (dcgm-exporter's releases, the "
         "default) or hostname (its main branch)",
     )
-    t.add_argument(
+    x.add_argument(
         "--collect",
         action="append",
         default=[],

@@ -18,6 +18,8 @@ from gpumon.cli.estimate_render import render, render_comparison
 from gpumon.config import ConfigError, Settings
 from gpumon.estimate.breakdown import estimate, estimate_json
 
+USES_GPUS = False  # arithmetic, and a daemon's API for --job: no GPU options
+
 # what gpumon.cli and the tests use from here
 __all__ = ["add_arguments", "fetch_job", "run"]
 

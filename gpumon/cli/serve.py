@@ -35,6 +35,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("gpumon")
 
 
+EXPOSES = True  # the only command with a /metrics: its shaping options (--collect, --compat, ...) are its
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--listen",

@@ -103,6 +103,8 @@ def parse_duration(text: object, what: str) -> float:
         seconds = float(text)
     else:
         m = _DURATION.match(text)
+        if not m and _DURATION.match(text.strip().removeprefix("-")):
+            raise ConfigError(f"{what}: must be more than 0 and at most 1h, got {text!r}")
         if not m:
             raise ConfigError(f"{what}: expected a duration such as 1s, 500ms or 2m, got {text!r}")
         seconds = float(m.group(1)) * {"ms": 0.001, "s": 1.0, "m": 60.0, None: 1.0}[m.group(2)]

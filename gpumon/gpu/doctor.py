@@ -188,9 +188,10 @@ def _advice(r: Report, simulated: bool, *, replayed: bool = False) -> list[str]:
     fallback = [g for g in r.gpus if caps[g["index"]].get("pcie_bytes") == Support.NOT_SUPPORTED.value]
     if fallback:
         advice.append(
-            f"GPU {_gpu_list(fallback)} lack cumulative PCIe byte counters (fields 197/198): gpumon "
-            "falls back to nvmlDeviceGetPcieThroughput, a 20 ms sample per direction taken in parallel; "
-            "expect gpumon_gpu_pcie_*_bytes_per_second instead of the *_bytes_total counters."
+            f"{'GPUs' if len(fallback) > 1 else 'GPU'} {_gpu_list(fallback)} "
+            f"{'lack' if len(fallback) > 1 else 'lacks'} cumulative PCIe byte counters (fields 197/198): "
+            "gpumon falls back to nvmlDeviceGetPcieThroughput, a 20 ms sample per direction taken in "
+            "parallel; expect gpumon_gpu_pcie_*_bytes_per_second instead of the *_bytes_total counters."
         )
     no_ecc = [g for g in r.gpus if caps[g["index"]].get("ecc") == Support.NOT_SUPPORTED.value]
     if no_ecc:

@@ -49,10 +49,12 @@ def is_loopback(host: str) -> bool:
 def parse_listen(text: str) -> tuple[str, int]:
     """``HOST:PORT``, ``:PORT`` (all IPv4 interfaces) or ``[IPv6]:PORT``."""
     host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+    if not sep or not port.isdigit():
         raise ListenError(
             f"bad listen address {text!r}: expected HOST:PORT, e.g. 0.0.0.0:9478 or 127.0.0.1:9478"
         )
+    if not 0 <= int(port) <= 65535:
+        raise ListenError(f"bad listen address {text!r}: port {int(port)} is out of range (0-65535)")
     host = host.strip("[]") or "0.0.0.0"
     return host, int(port)
 

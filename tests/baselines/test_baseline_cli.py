@@ -185,7 +185,7 @@ def test_a_write_never_goes_where_the_daemon_points_without_being_told(node: Nod
 @pytest.mark.slow
 def test_mistakes_get_one_line_errors_and_lose_nothing(node: Node, tmp_path: Path) -> None:
     missing = gpumon(node, "record", "--job", "nope")
-    assert missing.returncode == 1 and "no history for job 'nope'" in missing.stderr
+    assert missing.returncode == 1 and "no job 'nope' reports to the daemon" in missing.stderr
     assert gpumon(node, "show", "nope").returncode == 2
     assert "no baseline named 'nope'" in gpumon(node, "delete", "nope").stderr
     bad = tmp_path / "bad.toml"
@@ -203,3 +203,29 @@ def test_mistakes_get_one_line_errors_and_lose_nothing(node: Node, tmp_path: Pat
     ok = wait_for(lambda: node.metrics().get("gpumon_training_baseline_library_ok"))
     assert wait_for(lambda: node.metrics()["gpumon_training_baseline_library_ok"][0].value == 0)
     assert ok
+
+
+def test_the_comparison_gives_each_figures_own_change_and_what_it_means() -> None:
+    """A step 52.8 % longer is "+52.8 % worse", not "-52.8 % worse"; throughput 20 % lower "-20.0 % worse"."""
+    from gpumon.cli.baseline_render import comparison
+
+    section = {
+        "key": {"workload": "llm", "gpus": 8, "gpu_model": "NVIDIA H100 80GB HBM3", "dtype": "bf16"},
+        "baseline": {"name": "b", "tokens_per_second_per_gpu": 1000.0, "step_time_seconds": 1.0},
+        "current": {"tokens_per_second_per_gpu": 800.0, "step_time_seconds": 1.528, "mfu": 0.41},
+        "ratios": {"tokens_per_second_per_gpu": 0.8, "step_time_seconds": 1.528, "mfu": 1.07},
+    }
+    lines = {line.split()[0]: line for line in comparison("llm", section).splitlines()[2:]}
+    assert lines["tokens/s/GPU"].endswith("-20.0 % worse")
+    assert lines["step"].endswith("+52.8 % worse")
+    assert lines["MFU"].endswith("+7.0 % better")
+
+
+def test_deleting_a_name_that_is_not_there_leaves_no_lock_file(tmp_path: Path) -> None:
+    lib = tmp_path / "lib" / "baselines.toml"
+    out = run_gpumon("baseline", "--baselines", str(lib), "delete", "nosuch")
+    assert out.returncode == 2 and "no baseline named 'nosuch'" in out.stderr
+    assert not (tmp_path / "lib").exists()
+    B.save(str(lib), library_of("kept"))
+    assert run_gpumon("baseline", "--baselines", str(lib), "delete", "nosuch").returncode == 2
+    assert sorted(p.name for p in lib.parent.iterdir()) == ["baselines.toml"]

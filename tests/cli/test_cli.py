@@ -208,3 +208,66 @@ def test_cli_commands_give_up_on_a_daemon_that_trickles_its_answer(scheme: str, 
     assert out.returncode != 0 and "cannot reach the gpumon daemon" in out.stderr, out.stderr
     assert "timed out" in out.stderr and len(out.stderr.strip().splitlines()) == 1
     assert took < 12, f"{took:.1f} s against the CLI's 5 s"
+
+
+# ---- the rough edges a newcomer met (issue 20) ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "command", [["snapshot", "--simulate", "8xH100-SXM"], ["estimate", "--model", "llama2-7b"], ["doctor"]]
+)
+def test_a_closed_pipe_ends_quietly(command: list[str]) -> None:
+    """`gpumon snapshot | head -1`: the reader goes away; the command ends as SIGPIPE would end it."""
+    import subprocess
+    import sys
+
+    from support.helpers import ROOT
+
+    args = [*command, "--simulate", "1xH100-SXM"] if command == ["doctor"] else command
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gpumon", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # before it writes a byte
+    err = proc.stderr.read().decode()
+    assert proc.wait(60) == 141 and err == ""
+
+
+@pytest.mark.parametrize(
+    ("command", "has", "lacks"),
+    [
+        ("serve", ["--simulate", "--collect", "--compat", "--owner-labels", "--listen"], []),
+        ("snapshot", ["--simulate", "--sim-fault", "--processes"], ["--collect", "--compat", "--listen"]),
+        ("doctor", ["--simulate", "--profiling"], ["--collect", "--owner-labels", "--web-config"]),
+        ("estimate", ["--model"], ["--simulate", "--sim-fault", "--backend", "--collect"]),
+        ("diagnose", ["--job"], ["--simulate", "--backend"]),
+    ],
+)
+def test_each_commands_help_lists_only_its_own_options(
+    command: str, has: list[str], lacks: list[str]
+) -> None:
+    out = run_gpumon(command, "--help").stdout
+    assert all(flag in out for flag in has), out
+    assert not [flag for flag in lacks if flag in out]
+
+
+@pytest.mark.parametrize(
+    ("command", "level"), [("serve", "info"), ("snapshot", "warning"), ("estimate", "warning")]
+)
+def test_the_log_level_help_gives_the_commands_own_default(command: str, level: str) -> None:
+    assert f"default: {level}" in " ".join(run_gpumon(command, "--help").stdout.split())
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["serve", "--listen", "127.0.0.1:99999"], "port 99999 is out of range (0-65535)"),
+        (["serve", "--interval", "-1s"], "interval: must be more than 0 and at most 1h, got '-1s'"),
+        (
+            ["estimate", "--model", "llama2-7b", "--simulate", "8xH100-SXM"],
+            "unrecognized arguments: --simulate",
+        ),
+    ],
+)
+def test_messages_say_what_is_wrong(args: list[str], message: str) -> None:
+    assert message in one_line_error(run_gpumon(*args))

@@ -124,7 +124,7 @@ def test_each_detail_adds_what_it_says_per_gpu(h100_snapshot, name: str) -> None
 
 
 def test_collect_names_are_checked_and_all_expands() -> None:
-    r = run_gpumon("snapshot", "--simulate", "1xL4", "--collect", "nvlink-link")
+    r = run_gpumon("serve", "--simulate", "1xL4", "--collect", "nvlink-link")
     assert r.returncode == 2 and "unknown 'nvlink-link'" in r.stderr and "nvlink-links" in r.stderr
     assert "Traceback" not in r.stderr
     s = resolve({"collect": ["nvlink-links,ecc-lifetime", "ecc-lifetime"]}, env={})
