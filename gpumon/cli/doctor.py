@@ -11,8 +11,12 @@ from collections.abc import Callable
 from gpumon.cli.capture import MAX_SECONDS, Recording
 from gpumon.cli.common import describe_sources, open_sampler
 from gpumon.config import ConfigError, Settings
+from gpumon.gpu import nodriver
 from gpumon.gpu.backend import marked
 from gpumon.gpu.doctor import Report, diagnose
+from gpumon.gpu.types import BackendUnavailable
+
+NO_DRIVER = 3  # exit status when NVML cannot start: the diagnosis is printed, it is not a usage error
 
 _MARK = {
     "supported": "yes",
@@ -70,7 +74,18 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
     recording, sweeps = _recording(settings, args)
     gap = settings.interval if recording is not None else 0.15  # GPM needs samples >= 100 ms apart
     try:
-        sampler = open_sampler(settings, "doctor", wrap=recording.wrap if recording else None)
+        try:
+            sampler = open_sampler(settings, "doctor", wrap=recording.wrap if recording else None)
+        except BackendUnavailable as exc:
+            if settings.simulated or settings.replay:
+                raise
+            # the one node where doctor matters most: say why, rather than serve's one-line error
+            error = str(exc).split(". To run with simulated GPUs", 1)[0]
+            error = error.removeprefix("no usable NVIDIA driver: ")
+            findings = nodriver.explain()
+            out = nodriver.as_json(error, findings) if args.json else nodriver.render(error, findings)
+            print(json.dumps(out, indent=2) if args.json else out)
+            return NO_DRIVER
         try:
             if sampler.events is not None:
                 sampler.events.start()

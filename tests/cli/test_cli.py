@@ -71,7 +71,7 @@ def test_bad_env_is_reported_like_a_bad_flag() -> None:
 
 
 @pytest.mark.skipif(nvml_present(), reason="an NVIDIA driver is present here")
-@pytest.mark.parametrize("command", ["serve", "snapshot", "doctor"])
+@pytest.mark.parametrize("command", ["serve", "snapshot"])
 def test_without_a_driver_auto_explains_how_to_simulate(command) -> None:
     line = (
         one_line_error(run_gpumon(command, "--listen", "127.0.0.1:0"), code=1)
@@ -271,3 +271,57 @@ def test_the_log_level_help_gives_the_commands_own_default(command: str, level: 
 )
 def test_messages_say_what_is_wrong(args: list[str], message: str) -> None:
     assert message in one_line_error(run_gpumon(*args))
+
+
+@pytest.mark.skipif(nvml_present(), reason="an NVIDIA driver is present here")
+def test_doctor_without_a_driver_diagnoses_why() -> None:
+    """This machine has no driver: no library, no kernel module, no device nodes."""
+    out = run_gpumon("doctor")
+    assert out.returncode == 3 and out.stderr == "", out.stderr
+    assert out.stdout.startswith("no usable NVIDIA driver: NVML could not start")
+    for line in (
+        "[NO] NVML library:",
+        "[NO] kernel module:",
+        "[NO] device nodes:",
+        "gpumon doctor --simulate",
+    ):
+        assert line in out.stdout
+    doc = json.loads(run_gpumon("doctor", "--json").stdout)
+    assert doc["driver"] is None and [c["check"] for c in doc["checks"]][:3] == [
+        "NVML library", "kernel module", "device nodes"
+    ]  # fmt: skip
+
+
+def test_the_driver_checks_name_each_cause(tmp_path) -> None:
+    from gpumon.gpu import nodriver
+
+    dev, proc, root = tmp_path / "dev", tmp_path / "proc", tmp_path / "root"
+    for d in (dev, proc / "driver" / "nvidia", root):
+        d.mkdir(parents=True)
+    (proc / "driver" / "nvidia" / "version").write_text(
+        "NVRM version: NVIDIA UNIX x86_64 Kernel Module  570.133.20\n"
+    )
+    for name in ("nvidiactl", "nvidia0", "nvidia1", "nvidia-uvm"):
+        (dev / name).touch()
+    (root / ".dockerenv").touch()
+
+    def check(**kw: object) -> dict[str, nodriver.Finding]:
+        found = nodriver.explain(dev=str(dev), proc=str(proc), root=str(root), load=lambda _: None, **kw)
+        return {f.check: f for f in found}
+
+    ok = check(env={"NVIDIA_VISIBLE_DEVICES": "all"}, access=lambda p, m: True)
+    assert all(f.ok for f in ok.values()) and "570.133.20" in ok["kernel module"].seen
+    assert ok["device nodes"].seen.endswith("and 2 GPU node(s), read-write")
+    denied = check(env={"NVIDIA_VISIBLE_DEVICES": "void"}, access=lambda p, m: not p.endswith("nvidiactl"))
+    assert not denied["device nodes"].ok and "nvidiactl" in denied["device nodes"].seen
+    assert "group" in (denied["device nodes"].advice or "")
+    assert not denied["container"].ok and "without GPUs" in (denied["container"].advice or "")
+
+    def missing(name: str) -> None:
+        raise OSError(f"{name}: cannot open shared object file")
+
+    (proc / "driver" / "nvidia" / "version").unlink()
+    broken = nodriver.explain(dev=str(dev), proc=str(proc), root=str(root), env={}, load=missing)
+    assert [f.check for f in broken if not f.ok] == ["NVML library", "kernel module", "container"]
+    text = nodriver.render("NVML could not start", broken)
+    assert "[NO] NVML library:" in text and "modprobe nvidia" in text and "--simulate 8xH100-SXM" in text
