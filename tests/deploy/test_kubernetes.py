@@ -3,7 +3,7 @@ server would accept, and the DaemonSet's command line is one gpumon accepts, wit
 need.
 
 Built-in objects are validated by kubernetes-validate in strict mode (unknown fields are errors); the
-prometheus-operator custom resources by the openAPIV3Schema of their published CRDs (../shared/schemas),
+prometheus-operator custom resources by the openAPIV3Schema of their published CRDs (tests/fixtures),
 plus a walk that flags fields the schema does not declare (the API server would prune them silently). The
 container's arguments go through gpumon's own parser and settings resolution, with the paths they name
 looked up in a directory tree that holds exactly the pod's mounts.
@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 import yaml
 from support.crds import undeclared_fields
-from support.helpers import IN_CI, ROOT, require_tool
+from support.helpers import ROOT, require_tool
 
 from gpumon import __version__, alerting
 from gpumon.cli import _flags, build_parser
@@ -50,7 +50,7 @@ ALL_VARIANTS = [*VARIANTS, "combined"]
 # the oldest Kubernetes release still commonly run, and the one of the kubectl these tests use
 K8S_VERSIONS = ("1.29", "1.32")
 CRD_GROUP = "monitoring.coreos.com"
-SCHEMAS = ROOT.parent / "shared" / "schemas" / "prometheus-operator"
+SCHEMAS = ROOT / "tests" / "fixtures" / "prometheus-operator"  # in the repository: a clone runs every test
 CRD_FILES = {
     "ServiceMonitor": "monitoring.coreos.com_servicemonitors.yaml",
     "PodMonitor": "monitoring.coreos.com_podmonitors.yaml",
@@ -151,12 +151,7 @@ def validate_builtin(obj: dict[str, Any], version: str) -> None:
 
 @functools.cache
 def crd_schema(kind: str) -> dict[str, Any]:
-    path = SCHEMAS / CRD_FILES[kind]
-    if not path.exists():
-        if IN_CI:
-            pytest.fail(f"{path} is provided in CI")
-        pytest.skip(f"{path} not present")
-    crd = yaml.safe_load(path.read_text())
+    crd = yaml.safe_load((SCHEMAS / CRD_FILES[kind]).read_text())
     assert crd["spec"]["names"]["kind"] == kind
     (version,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1"]
     schema: dict[str, Any] = version["schema"]["openAPIV3Schema"]

@@ -1,4 +1,4 @@
-"""prometheus-operator custom resources checked against their published CRD schemas (../shared/schemas)."""
+"""prometheus-operator custom resources checked against their published CRDs (tests/fixtures)."""
 
 from __future__ import annotations
 
