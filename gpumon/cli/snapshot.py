@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 
 from gpumon.cli.common import open_sampler
 from gpumon.config import Settings
 from gpumon.gpu.backend import marked
 from gpumon.gpu.snapshot import GpuStatus, Snapshot, snapshot_json
-from gpumon.gpu.types import THROTTLE_REASONS
+from gpumon.gpu.types import THROTTLE_REASONS, GpuReading
 
 GIB = 1024**3
 
@@ -21,11 +22,28 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(settings: Settings, args: argparse.Namespace) -> int:
     sampler = open_sampler(settings, "snapshot")
     try:
+        before = None if args.json else sampler.sweep()
+        if before is not None:
+            time.sleep(RATE_GAP)  # the table shows rates: two reads of the cumulative counters
         snap = sampler.sweep()
     finally:
         sampler.stop()
-    print(json.dumps(snapshot_json(snap), indent=2) if args.json else render(snap))
+    print(json.dumps(snapshot_json(snap), indent=2) if args.json else render(snap, before))
     return 0
+
+
+# the interval between the two reads the table's link rates come from
+RATE_GAP = 0.5
+
+
+def _rate(a: GpuReading | None, b: GpuReading | None, name: str) -> float | None:
+    """Bytes per second of counter ``name`` between two readings of one GPU, else None."""
+    if a is None or b is None:
+        return None
+    x, y = getattr(a, name), getattr(b, name)
+    if x is None or y is None or b.timestamp <= a.timestamp or y < x:
+        return None
+    return (y - x) / (b.timestamp - a.timestamp)
 
 
 def _fmt(value: float | None, fmt: str, scale: float = 1.0) -> str:
@@ -39,7 +57,7 @@ def _throttle(mask: int | None) -> str:
     return ",".join(names) or "none"
 
 
-def _row(st: GpuStatus) -> list[str]:
+def _row(st: GpuStatus, first: GpuReading | None) -> list[str]:
     i, r = st.info, st.reading
     if r is None:
         return [str(i.index), i.name, "DOWN", st.down_reason or "", "", "", "", "", "", ""]
@@ -48,22 +66,18 @@ def _row(st: GpuStatus) -> list[str]:
     temp = _fmt(r.temperature_celsius, ".0f")
     if r.memory_temperature_celsius is not None:
         temp += f" ({r.memory_temperature_celsius:.0f})"
-    if r.pcie_receive_bytes is not None:
-        pcie = (
-            f"{_fmt(r.pcie_receive_bytes, '.1f', 1 / GIB)}/{_fmt(r.pcie_transmit_bytes, '.1f', 1 / GIB)} GiB"
-        )
-    else:
-        pcie = (
-            f"{_fmt(r.pcie_receive_bytes_per_second, '.0f', 1e-6)}/"
-            f"{_fmt(r.pcie_transmit_bytes_per_second, '.0f', 1e-6)} MB/s"
-        )
+    # rates in both columns: from the counters' growth between the two reads where a GPU has counters,
+    # else the driver's own sampled rate (older GPUs)
+    rx = _rate(first, r, "pcie_receive_bytes")
+    tx = _rate(first, r, "pcie_transmit_bytes")
+    if r.pcie_receive_bytes is None:
+        rx, tx = r.pcie_receive_bytes_per_second, r.pcie_transmit_bytes_per_second
+    pcie = f"{_fmt(rx, '.0f', 1e-6)}/{_fmt(tx, '.0f', 1e-6)}"
     nvl = "-"
     if r.nvlink_receive_bytes is not None:
         up = sum(1 for link in r.nvlinks if link.up)
-        nvl = (
-            f"{r.nvlink_receive_bytes / GIB:.0f}/{_fmt(r.nvlink_transmit_bytes, '.0f', 1 / GIB)} GiB"
-            f" {up}/{len(r.nvlinks)} up"
-        )
+        rx, tx = _rate(first, r, "nvlink_receive_bytes"), _rate(first, r, "nvlink_transmit_bytes")
+        nvl = f"{_fmt(rx, '.1f', 1e-9)}/{_fmt(tx, '.1f', 1e-9)} ({up}/{len(r.nvlinks)} up)"
     return [
         str(i.index),
         i.name,
@@ -78,7 +92,8 @@ def _row(st: GpuStatus) -> list[str]:
     ]
 
 
-def render(snap: Snapshot) -> str:
+def render(snap: Snapshot, before: Snapshot | None = None) -> str:
+    """The table; ``before``, an earlier sweep, gives the link rates (without it they show as -)."""
     d = snap.driver
     head = (
         f"backend {marked(snap.backend)} · driver "
@@ -93,10 +108,11 @@ def render(snap: Snapshot) -> str:
         "TEMP C (HBM)",
         "SM MHz",
         "THROTTLE",
-        "PCIE RX/TX",
-        "NVLINK RX/TX",
+        "PCIE RX/TX MB/s",
+        "NVLINK RX/TX GB/s",
     ]
-    rows = [header, *(_row(st) for st in snap.gpus)]
+    earlier = {st.info.uuid: st.reading for st in before.gpus} if before is not None else {}
+    rows = [header, *(_row(st, earlier.get(st.info.uuid)) for st in snap.gpus)]
     widths = [max(len(r[c]) for r in rows) for c in range(len(header))]
     lines = [head, ""] + [
         "  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in rows

@@ -108,7 +108,13 @@ def test_snapshot_table() -> None:
     assert lines[0].startswith("backend sim (SIMULATED GPUs) · driver 570.133.20 · CUDA 12.8 · 5 GPU(s)")
     assert lines[2].split()[:2] == ["GPU", "NAME"]
     rows = [ln for ln in lines if ln[:1].isdigit()]
-    assert len(rows) == 5 and "NVIDIA A100-SXM4-80GB" in rows[4] and "MB/s" in rows[4]
+    assert len(rows) == 5 and "NVIDIA A100-SXM4-80GB" in rows[4]
+    # one unit per column: rates from two reads of the counters (the A100 has no PCIe byte counters and
+    # gives the driver's sampled rate instead), never a total since boot beside a rate
+    assert "PCIE RX/TX MB/s" in lines[2] and "NVLINK RX/TX GB/s" in lines[2] and "GiB " not in rows[0][60:]
+    at = lines[2].index("PCIE RX/TX MB/s")
+    pcie = [row[at:].split()[0].split("/") for row in rows]
+    assert all(100 < float(rx) < 100_000 for rx, _ in pcie), pcie  # MB/s, not GiB since boot
     assert any(ln.startswith("host:") for ln in lines)
     assert result.stderr == ""  # capability notes are info-level: quiet unless asked
 
