@@ -6,7 +6,9 @@ script computes its OWN tokens/s and MFU over the same span the daemon uses (fir
 writes them to ``--out``, so the two can be compared::
 
     gpumon serve --simulate 1xH100-SXM &
-    python examples/train_tiny.py --job tiny --steps 200 --peak-flops 67e12
+    pip install torch --index-url https://download.pytorch.org/whl/cpu   # the CPU build is enough
+    python examples/train_tiny.py --steps 200 --device 0 --peak-flops 67e12
+    gpumon diagnose --job train-tiny
 
 Standard library + torch only (plus gpumon.client, which is itself standard library only).
 """

@@ -125,3 +125,12 @@ def test_readme_layout_names_folders_in_at_most_30_lines() -> None:
     named = {m.group(1) for line in lines if (m := re.match(r"\s+(\w+)/\s", line))}
     folders = {d.name for d in (ROOT / "gpumon").iterdir() if d.is_dir() and (d / "__init__.py").exists()}
     assert folders <= named, f"the layout does not name {sorted(folders - named)}"
+
+
+def test_the_examples_documented_commands_match_the_example() -> None:
+    """docs/sdk.md follows the example with `gpumon diagnose --job NAME`: the name the example reports as."""
+    example = (ROOT / "examples" / "train_tiny.py").read_text()
+    (default,) = re.findall(r'add_argument\("--job", default="([^"]+)"\)', example)
+    doc = (ROOT / "docs" / "sdk.md").read_text()
+    assert re.findall(r"gpumon diagnose --job (\S+)", doc) == [default]
+    assert "--index-url https://download.pytorch.org/whl/cpu" in doc  # the example's torch, without CUDA
