@@ -240,7 +240,12 @@ def _compare(path: str, args: argparse.Namespace) -> int:
 
 
 def _delete(path: str, args: argparse.Namespace) -> int:
-    B.load(path).without(args.names)  # unknown names refused before a lock file (or folder) is made
+    # unknown names refused before a lock file (or its folder) is made beside the library
+    try:
+        current = B.load(path)
+    except B.LibraryError as exc:
+        raise B.LibraryError(f"{exc}; nothing was written (fix the file, or move it aside)") from None
+    current.without(args.names)
     with B.editing(path) as box:
         box[0] = box[0].without(args.names)
     print(f"deleted {', '.join(args.names)} from {path}")
