@@ -82,6 +82,7 @@ MODEL_FIELDS = (
     "layers", "hidden", "heads", "vocab", "seq_len", "kv_heads", "head_dim", "ffn_hidden", "gated_mlp",
     "tied_embeddings", "biases", "learned_positions", "name",
 )  # fmt: skip
+SETUP_FLAGS = ("flash_attention", "sequence_parallel")  # true or false in a report's setup
 SETUP_CHOICES = {
     "optimizer": ("adamw", "adam", "sgd", "none"),
     "checkpointing": ("none", "selective", "full"),

@@ -24,6 +24,7 @@ from gpumon.client.protocol import (
     MODEL_FIELDS,
     NAME_PATTERN,
     SETUP_CHOICES,
+    SETUP_FLAGS,
 )
 
 
@@ -232,9 +233,6 @@ def check_step(value: object, problems: list[str]) -> int | None:
     return None
 
 
-_SETUP_FLAGS = ("flash_attention", "sequence_parallel")
-
-
 def _setup(
     model: object, micro_batch: object, zero_stage: object, extra: object, problems: list[str]
 ) -> dict[str, Any] | None:
@@ -285,6 +283,6 @@ def _setup(
 def _setup_value_ok(key: object, value: object) -> bool:
     if key in SETUP_CHOICES:
         return isinstance(value, str) and value in SETUP_CHOICES[key]  # type: ignore[index]
-    if key in _SETUP_FLAGS:
+    if key in SETUP_FLAGS:
         return isinstance(value, bool)
     return key == "tp" and value.__class__ is int and 1 <= value <= MAX_TP  # type: ignore[operator]

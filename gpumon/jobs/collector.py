@@ -188,7 +188,7 @@ def _add_ledger(f: dict[str, Any], rl: list[str], ledger: LedgerView) -> None:
 
 def _add_allocator(f: dict[str, Any], rl: list[str], v: RankView) -> None:
     m = v.report.memory
-    counts = v.allocator_counts()
+    counts = v.allocator_counts()  # None exactly when m is
     if m is None or counts is None:
         return
     _opt(f, M.ALLOCATOR_ALLOCATED, rl, m.allocated_bytes)

@@ -53,8 +53,7 @@ _KNOWN = frozenset(
         *P.EXTENSIONS,
     ]
 )
-_SETUP_KEYS = frozenset(("model", "micro_batch", "zero_stage", "tp", "flash_attention", "sequence_parallel",
-                         *P.SETUP_CHOICES))  # fmt: skip
+_SETUP_KEYS = frozenset(("model", "micro_batch", "zero_stage", "tp", *P.SETUP_FLAGS, *P.SETUP_CHOICES))
 _MODEL_INTS = ("layers", "hidden", "heads", "vocab", "seq_len", "kv_heads", "head_dim", "ffn_hidden")
 _MODEL_FLAGS = ("gated_mlp", "tied_embeddings", "biases", "learned_positions")
 _MAX_DIM = P.MAX_DIMENSION
@@ -380,7 +379,7 @@ def _setup(value: object) -> dict[str, Any] | None:
         }
         if obj.get("tp") is not None:
             out["tp"] = _int(obj, "tp", 1, P.MAX_TP)
-        for key in ("flash_attention", "sequence_parallel"):
+        for key in P.SETUP_FLAGS:
             if obj.get(key) is not None:
                 out[key] = _bool(obj, key)
         for key, choices in P.SETUP_CHOICES.items():

@@ -172,10 +172,10 @@ class RankView:
 
     def allocator_counts(self) -> tuple[float, float] | None:
         """Allocation retries and OOMs since the rank's first process; None when it does not report them."""
-        m = self.report.memory
-        if m is None:
+        if self.report.memory is None:
             return None
-        return self.offsets.alloc_retries + (m.alloc_retries or 0), self.offsets.ooms + (m.ooms or 0)
+        r = self.report
+        return self.offsets.alloc_retries + _count(r, "alloc_retries"), self.offsets.ooms + _count(r, "ooms")
 
 
 def _point(r: Report) -> Point:

@@ -184,7 +184,7 @@ class Ledger:
         return False
 
     def _claim(self, phase: str, r: Report, left: float) -> float:
-        now = r.phases.get(phase, 0.0) + r.open_phases.get(phase, 0.0)
+        now = _phase_seconds(r, phase)
         seen = self._seen.get(phase, 0.0)
         if now <= seen:
             return 0.0  # a running phase's reading lags by a report when it ends
@@ -325,5 +325,10 @@ def _histogram(r: Report) -> tuple[tuple[float, ...], float]:
     return tuple(r.step_seconds.counts), r.step_seconds.sum
 
 
+def _phase_seconds(r: Report, phase: str) -> float:
+    """A phase's seconds so far, a running one's included."""
+    return r.phases.get(phase, 0.0) + r.open_phases.get(phase, 0.0)
+
+
 def _claimable(r: Report) -> dict[str, float]:
-    return {p: r.phases.get(p, 0.0) + r.open_phases.get(p, 0.0) for p in CLAIMING_PHASES}
+    return {p: _phase_seconds(r, p) for p in CLAIMING_PHASES}
