@@ -22,6 +22,17 @@ class Support(str, Enum):
     ERROR = "error"  # the last attempt failed transiently; retried next sample
 
 
+# The compute parts (A100, A30, Hopper, Blackwell datacenter) carry video decoders but no encoders. A real
+# H200 (driver 580) still answers nvmlDeviceGetEncoderUtilization, always 0: a series that says nothing, so
+# the board's name decides (bench/device/verify_real_gpu.sh).
+_NO_NVENC = ("NVIDIA H", "NVIDIA A100", "NVIDIA A30", "NVIDIA A800", "NVIDIA B", "NVIDIA GH", "NVIDIA GB")
+
+
+def has_video_encoders(name: str) -> bool:
+    """Whether a board of this NVML name has NVENC engines."""
+    return not name.startswith(_NO_NVENC)
+
+
 # Clock-event ("throttle") reasons: NVML bit, our label value, and the field id that carries the cumulative
 # time spent in that state (nanoseconds), where NVML has one.
 THROTTLE_REASONS: tuple[tuple[int, str, int | None], ...] = (

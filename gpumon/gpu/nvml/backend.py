@@ -34,6 +34,7 @@ from gpumon.gpu.types import (
     ReadError,
     ReadResult,
     Support,
+    has_video_encoders,
 )
 
 log = logging.getLogger("gpumon.nvml")
@@ -153,6 +154,10 @@ class NvmlBackend:
                 if uuid in known_uuids:
                     continue
                 dev = NvmlDevice(self._identify(index, uuid, handle), handle)
+                if not has_video_encoders(dev.info.name):
+                    dev.set_support("encoder_utilization", Support.NOT_SUPPORTED)
+                    log.info("GPU %d (%s): an %s has no video encoders; encoder utilization is not exported",
+                             index, uuid, dev.info.name)  # fmt: skip
                 # learn which fields exist now, so the first read already takes every fallback it needs
                 fieldvalues.read(Calls(self.nv, dev))
                 found.append(dev)

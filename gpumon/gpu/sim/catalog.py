@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass, replace
 
 from gpumon.gpu.sim.mig_layout import LayoutError, place
+from gpumon.gpu.types import has_video_encoders
 
 MiB = 1024 * 1024
 
@@ -54,9 +55,7 @@ class SimModel:
     def nvenc(self) -> bool:
         """Video encoders: the graphics-derived boards have them; the compute parts (A100, Hopper, Blackwell
         datacenter) carry decoders only."""
-        return not self.nvml_name.startswith(
-            ("NVIDIA H", "NVIDIA A100", "NVIDIA B", "NVIDIA GH", "NVIDIA GB")
-        )
+        return has_video_encoders(self.nvml_name)
 
     @property
     def gpm(self) -> bool:

@@ -51,6 +51,25 @@ def last_field(capture_path: Path, field_id: int) -> tuple[int, Any]:
     return out
 
 
+def field_answers(capture_path: Path, field_id: int) -> list[Any]:
+    """Every value the batch answered for this field (whole GPU), in order."""
+    out = []
+    for c in load(str(capture_path)).calls:
+        if c["op"] == "nvmlDeviceGetFieldValues" and "value" in c:
+            for item in c["value"]["items"]:
+                f = item["fields"]
+                if f["fieldId"] == field_id and f["scopeId"] == 0 and f["nvmlReturn"] == 0:
+                    out.append(f["value"])
+    return out
+
+
+def folded(capture_path: Path, field_id: int, op: str) -> Any:
+    """The last answer for a quantity the batch can carry: its field where the capture's batch answered it
+    (captures of today's sampler, which asks the batch first), else its own call's (older captures)."""
+    answers = field_answers(capture_path, field_id)
+    return answers[-1] if answers else last(capture_path, op)
+
+
 def replayed(path: Path, sweeps: int = 8) -> GpuStatus:
     # every opt-in detail: the captures hold the calls behind each, and each is checked against them
     sampler = Sampler(NvmlBackend(ReplayNvml(load(str(path))), details=frozenset(DETAILS)), interval=1.0)
@@ -79,8 +98,8 @@ def test_replayed_values_are_the_last_recorded_answers(capture) -> None:
     path, gpu = capture
     r = gpu.reading
     assert r is not None
-    assert r.power_watts == pytest.approx(last(path, "nvmlDeviceGetPowerUsage") / 1000)
-    assert r.energy_joules == pytest.approx(last(path, "nvmlDeviceGetTotalEnergyConsumption") / 1000)
+    assert r.power_watts == pytest.approx(folded(path, 185, "nvmlDeviceGetPowerUsage") / 1000)
+    assert r.energy_joules == pytest.approx(folded(path, 191, "nvmlDeviceGetTotalEnergyConsumption") / 1000)
     assert r.temperature_celsius == last(path, "nvmlDeviceGetTemperature", pynvml.NVML_TEMPERATURE_GPU)
     assert r.sm_clock_hz == last(path, "nvmlDeviceGetClockInfo", pynvml.NVML_CLOCK_SM) * 1e6
     assert r.memory_clock_hz == last(path, "nvmlDeviceGetClockInfo", pynvml.NVML_CLOCK_MEM) * 1e6
@@ -131,6 +150,25 @@ def test_h200_under_load_reads_as_the_board_reported() -> None:
     assert r.mig is None and r.ecc_corrected_errors == 0
 
 
+def test_todays_sampler_on_a_real_h200() -> None:
+    """h200-load-2.json was recorded by today's sampler (bench/device/verify_real_gpu.sh, same board and
+    load as h200-load.json): power, its limit and energy come from the batch, the board answers per-process
+    utilisation, and it answers the encoder call although it has no encoders."""
+    path = ROOT / "tests" / "fixtures" / "captures" / "h200-load-2.json"
+    ops = {c["op"] for c in load(str(path)).calls}
+    assert not ops & {"nvmlDeviceGetPowerUsage", "nvmlDeviceGetEnforcedPowerLimit"}
+    assert "nvmlDeviceGetTotalEnergyConsumption" not in ops
+    assert field_answers(path, 185) and set(field_answers(path, 190)) == {700000}
+    assert last(path, "nvmlDeviceGetEncoderUtilization") == [0, 100000]  # always 0: no NVENC on an H200
+    gpu = replayed(path)
+    r = gpu.reading
+    assert r.power_limit_watts == 700.0 and r.power_watts > 600
+    assert gpu.capabilities["encoder_utilization"] == "not_supported" and r.encoder_utilization_ratio is None
+    assert r.decoder_utilization_ratio == 0.0
+    (proc,) = r.processes
+    assert (proc.sm_utilization_ratio, proc.memory_utilization_ratio) == (0.8, 0.2)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("path", CAPTURES, ids=[p.stem for p in CAPTURES])
 def test_replayed_daemon_exposition_passes_promtool(path: Path) -> None:
@@ -143,7 +181,7 @@ def test_replayed_daemon_exposition_passes_promtool(path: Path) -> None:
     check = subprocess.run([promtool, "check", "metrics"], input=body, capture_output=True, text=True)
     assert check.returncode == 0 and check.stdout + check.stderr == "", check.stdout + check.stderr
     assert 'backend="replay"' in body
-    recorded = {v / 1000 for v in _values(path, "nvmlDeviceGetPowerUsage")}
+    recorded = {v / 1000 for v in [*_values(path, "nvmlDeviceGetPowerUsage"), *field_answers(path, 185)]}
     (line,) = [ln for ln in body.splitlines() if ln.startswith("gpumon_gpu_power_watts{")]
     assert 'uuid="GPU-00000001-0000-4000-8000-000000000001"' in line  # the masked stand-in
     assert float(line.rsplit(" ", 1)[1]) in recorded
