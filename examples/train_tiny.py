@@ -96,10 +96,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--report-interval", type=float, default=None, help="seconds between reports")
     p.add_argument("--peak-flops", type=float, default=None, help="per-GPU peak FLOP/s for the script's MFU")
     p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument(
+        "--data-delay", type=float, default=0.0, metavar="SECONDS",
+        help="a slow input pipeline: wait this long for each batch (the daemon calls the job input-bound)",
+    )  # fmt: skip
     p.add_argument("--out", type=Path, default=Path("results.json"))
     args = p.parse_args(argv)
     if args.steps < 2:
         p.error("--steps must be >= 2: throughput is measured between the first and the last step")
+    if not 0.0 <= args.data_delay <= 60.0:
+        p.error("--data-delay must be from 0 to 60 seconds")
     return args
 
 
@@ -123,6 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     for step in range(args.steps):
         with reporter.data_wait():
             inputs, targets = make_batch(gen, args.batch, args.seq)
+            if args.data_delay:
+                time.sleep(args.data_delay)
         with reporter.forward_backward():
             with autocast:
                 logits = model(inputs)

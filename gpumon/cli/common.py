@@ -86,6 +86,14 @@ def add_common_options(
         "NAME:GPUS[:FIRST_RANK/WORLD_SIZE], e.g. llama-70b:0-7:8/24 (repeatable; see docs/simulator.md)",
     )
     g.add_argument(
+        "--sim-unreported-jobs",
+        action="store_const",
+        const=True,
+        default=None,
+        help="GPUs without a --sim-job run a sequence of 20-60 min jobs that do not report to gpumon "
+        "(processes and load only) instead of idling (see docs/simulator.md)",
+    )
+    g.add_argument(
         "--sim-speed",
         metavar="FACTOR",
         help="run simulated time FACTOR times faster than real time (default 1; up to 10000): jobs, faults "
@@ -146,7 +154,12 @@ SIM_WARMUP = 120.0  # the simulated node has been training for two minutes when 
 
 def simulated_backend(spec: str, settings: Settings, wrap: Wrap = None) -> NvmlBackend:
     sim = SimNvml(
-        spec, seed=settings.seed, warmup=SIM_WARMUP, jobs=settings.sim_jobs, speed=settings.sim_speed
+        spec,
+        seed=settings.seed,
+        warmup=SIM_WARMUP,
+        jobs=settings.sim_jobs,
+        speed=settings.sim_speed,
+        unreported_jobs=settings.sim_unreported_jobs,
     )
     for fault in settings.sim_faults:
         sim.faults.add(fault)

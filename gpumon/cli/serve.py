@@ -143,6 +143,9 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
     training = from_settings(settings, source) if settings.ingest else None
     if training is not None:
         sampler.listeners.append(training.observe)  # GPU windows get every sweep, job history every 10 s
+        sim = getattr(sampler.backend, "nv", None)
+        if isinstance(sim, SimNvml):  # a loop reporting on a simulated GPU drives it (gpu/sim/driven.py)
+            training.analysis.store.listeners.append(sim.driver.observe)
     app = create_app(
         source,
         sampler.alive,

@@ -50,6 +50,7 @@ class Settings:
     sim_faults: list[str] = field(default_factory=list)
     sim_jobs: list[str] = field(default_factory=list)  # simulated training jobs (gpumon/gpu/sim/jobs.py)
     sim_speed: float = 1.0  # simulated seconds per real second (soak tests: a simulated day in minutes)
+    sim_unreported_jobs: bool = False  # GPUs without a sim job run jobs that do not report, not idle
     log_level: str = "info"
     events: bool = True  # the NVML event (XID) watcher
     processes: bool = True  # per-process GPU use and its owners

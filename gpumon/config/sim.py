@@ -1,4 +1,5 @@
-"""Simulator settings: --simulate, --simulate-if-no-gpu, --seed, --sim-fault, --sim-speed and --sim-job.
+"""Simulator settings: --simulate, --simulate-if-no-gpu, --seed, --sim-fault, --sim-speed, --sim-job and
+--sim-unreported-jobs.
 
 Validated apart from the daemon's own settings because they only exist for simulated GPUs, and the
 simulated training jobs depend on the listen and ingest settings being settled first.
@@ -12,7 +13,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from gpumon.config.settings import DEFAULT_SIMULATION, ConfigError, Settings, text_setting
+from gpumon.config.settings import DEFAULT_SIMULATION, ConfigError, Settings, parse_bool, text_setting
 from gpumon.gpu.sim import Fault, FaultSpecError, SpecError, parse_spec
 from gpumon.gpu.sim.nvml import MAX_SPEED
 from gpumon.web.listen import is_loopback, parse_listen
@@ -56,6 +57,10 @@ def validate_simulation(raw: Mapping[str, Any], s: Settings) -> None:
     s.sim_faults = [str(f) for f in faults]
     if s.sim_faults and not (s.simulated or s.simulate_if_no_gpu):
         raise ConfigError("--sim-fault needs simulated GPUs (--simulate SPEC)")
+    if "sim_unreported_jobs" in raw:
+        s.sim_unreported_jobs = parse_bool(raw["sim_unreported_jobs"], "sim-unreported-jobs")
+        if s.sim_unreported_jobs and not (s.simulated or s.simulate_if_no_gpu):
+            raise ConfigError("--sim-unreported-jobs needs simulated GPUs (--simulate SPEC)")
     if "sim_speed" in raw:
         s.sim_speed = _speed(raw["sim_speed"])
         if s.sim_speed != 1.0 and not (s.simulated or s.simulate_if_no_gpu):

@@ -8,9 +8,10 @@ thread-safe: ingest runs on the server's threads while scrapes and /v1/jobs read
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
@@ -18,6 +19,7 @@ from gpumon.client import protocol as P
 from gpumon.jobs.goodput.ledger import Ledger, LedgerView
 from gpumon.jobs.report import Report
 
+log = logging.getLogger("gpumon.jobs")
 MAX_CARRIED_PHASES = 2 * P.MAX_PHASES  # phase names a rank carries across restarts
 MAX_POINTS = 512  # per rank: 60 s of reports at 8/s; more only shortens the effective window
 FINISHED_LINGER = 30.0  # seconds a rank stays after its final report, so a scrape sees its last totals
@@ -217,6 +219,8 @@ class JobStore:
         self._lost: dict[str, tuple[int, float]] = {}  # job -> (ranks lost, when the job was last seen)
         # job -> its baseline's step time, for the ledger's slow steps (kept by whoever compares baselines)
         self.baseline_steps: dict[str, float] = {}
+        # told of every stored report, after the store let go of its lock (the simulator's driven GPUs)
+        self.listeners: list[Callable[[Report], None]] = []
         self._lock = threading.Lock()
 
     def ingest(self, r: Report, now: float) -> None:
@@ -263,6 +267,11 @@ class JobStore:
             horizon = r.time - self.window  # the report's own clock, like its points
             while len(points) > 2 and points[1].reported < horizon:
                 points.popleft()  # keeps one point before the window, the base for a slow step
+        for listener in self.listeners:
+            try:
+                listener(r)
+            except Exception:  # a listener's fault is its own: the report is stored
+                log.exception("a report listener failed")
 
     def _revive(self, key: tuple[str, int], r: Report, now: float) -> Rank:
         """A new rank, or one that went and came back: then its counters continue where they were."""

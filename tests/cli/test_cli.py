@@ -102,7 +102,7 @@ def test_busy_port_is_a_clear_error() -> None:
 
 
 def test_snapshot_table() -> None:
-    result = run_gpumon("snapshot", "--simulate", "4xH100-SXM,1xA100")
+    result = run_gpumon("snapshot", "--simulate", "4xH100-SXM,1xA100", "--sim-unreported-jobs")
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert lines[0].startswith("backend sim (SIMULATED GPUs) · driver 570.133.20 · CUDA 12.8 · 5 GPU(s)")
@@ -190,7 +190,7 @@ def test_a_config_file_with_wrong_types_is_one_line_not_a_traceback(tmp_path) ->
 
 
 def test_no_processes_and_no_profiling_leave_those_readings_out() -> None:
-    args = ("snapshot", "--json", "--simulate", "1xH100-SXM")
+    args = ("snapshot", "--json", "--simulate", "1xH100-SXM", "--sim-unreported-jobs")
     on = json.loads(run_gpumon(*args).stdout)["gpus"][0]["reading"]
     off = json.loads(run_gpumon(*args, "--no-processes", "--profiling", "off").stdout)["gpus"][0]["reading"]
     assert on["processes"] is not None and len(on["processes"]) == 1

@@ -36,6 +36,7 @@ NOT_FOR_OPERATORS = {
     "seed",
     "sim_faults",
     "sim_jobs",
+    "sim_unreported_jobs",
     "sim_speed",
     "proc_root",
 }

@@ -23,7 +23,11 @@ TOKEN = "s3cret-token-0123456789"
 
 @pytest.fixture
 def node(daemon):
-    return daemon("--simulate", "2xH100-SXM", "--interval", "200ms", "--max-jobs", "2", "--max-ranks", "3")
+    # the hand-made reports' pids run nowhere: the GPUs' load is the node's own jobs, which do not report
+    return daemon(
+        "--simulate", "2xH100-SXM", "--sim-unreported-jobs", "--interval", "200ms", "--max-jobs", "2",
+        "--max-ranks", "3",
+    )  # fmt: skip
 
 
 def post(d, body, **kw) -> httpx.Response:

@@ -33,6 +33,7 @@ class SimProcess:
     start_ticks: int = 1000
     gpu_instance: int = NO_INSTANCE
     compute_instance: int = NO_INSTANCE
+    synthetic: bool = True  # made up by the simulator; False: a real process driving the GPU (driven.py)
 
 
 class SimMigDevice:

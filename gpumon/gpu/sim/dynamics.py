@@ -14,7 +14,7 @@ from __future__ import annotations
 import bisect
 import math
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -41,6 +41,8 @@ IDLE, LOADING, COMPUTE, ALLREDUCE, DATA_WAIT, CHECKPOINT = (
     "data_wait",
     "checkpoint",
 )
+# a workload whose GPU is in several phases over each interval (driven.py): its loads blended by share
+MIXED = "mixed"
 
 # NVML clock-event bits the simulator raises
 GPU_IDLE, SW_POWER_CAP, HW_SLOWDOWN, SW_THERMAL, HW_THERMAL, HW_POWER_BRAKE = 0x1, 0x4, 0x8, 0x20, 0x40, 0x80
@@ -74,10 +76,22 @@ class Job:
 
 
 class Workload(Protocol):
-    """What a GPU runs: the node's job sequence (NodeWorkload) or one simulated job (jobs.SimJob)."""
+    """What a GPU runs: nothing (IdleWorkload), the node's job sequence (NodeWorkload), one simulated job
+    (jobs.SimJob), or what SDK processes report (driven.DrivenWorkload). A workload whose phase is MIXED
+    also says the share of each phase (``shares``)."""
 
     def job_at(self, t: float) -> Job | None: ...
     def phase(self, t: float) -> tuple[str, Job | None]: ...
+
+
+class IdleWorkload:
+    """A GPU nothing uses: what a simulated GPU runs unless a job or an SDK process uses it."""
+
+    def job_at(self, t: float) -> Job | None:
+        return None
+
+    def phase(self, t: float) -> tuple[str, Job | None]:
+        return IDLE, None
 
 
 class NodeWorkload:
@@ -226,6 +240,12 @@ _PHASE_ACTIVITY = {
 }
 
 
+def _blend(table: Mapping[str, tuple[float, ...]], shares: dict[str, float]) -> tuple[float, ...]:
+    """A phase table's row for a GPU that spends ``shares`` of its time in each phase (shares sum to 1)."""
+    rows = [(table[phase], share) for phase, share in shares.items()]
+    return tuple(sum(row[i] * share for row, share in rows) for i in range(len(table[IDLE])))
+
+
 class TrainingDynamics:
     """Advances one GPU's DeviceState through its workload. ``slowdown(t)`` says how many times slower the
     GPU itself runs at t (a ``slowdown`` fault): its clocks drop and the hardware-slowdown reasons show."""
@@ -259,11 +279,17 @@ class TrainingDynamics:
     def _step(self, t: float) -> None:
         m, s, rng, dt = self.model, self.state, self.rng, self.dt
         phase, job = self.workload.phase(t)
-        power_share, util, mem_util, nvl_share, rx_rate, tx_rate = _PHASE_LOAD[phase]
+        if phase == MIXED:
+            shares: dict[str, float] = self.workload.shares()  # type: ignore[attr-defined]
+            loads, activity = _blend(_PHASE_LOAD, shares), _blend(_PHASE_ACTIVITY, shares)
+        else:
+            loads, activity = _PHASE_LOAD[phase], _PHASE_ACTIVITY[phase]
+        power_share, util, mem_util, nvl_share, rx_rate, tx_rate = loads
 
-        # HBM: a job fills memory quickly while loading, then holds it; idle GPUs hold almost nothing
+        # HBM: a job fills memory quickly while loading, then holds it; idle GPUs hold almost nothing. A
+        # process's reported allocator (MIXED) shows within seconds, as its allocations would.
         target_mem = job.fill_ratio * self.total_bytes if job else 0.0
-        fill_tau = 6.0 if phase == LOADING else 20.0
+        fill_tau = 6.0 if phase == LOADING else 2.0 if phase == MIXED else 20.0
         s.memory_used += (target_mem - s.memory_used) * (1.0 - math.exp(-dt / fill_tau))
         s.memory_used = min(s.memory_used, self.total_bytes)
 
@@ -309,7 +335,7 @@ class TrainingDynamics:
         # an idle GPU reads 0 %, not noise around it (h200-idle.json: utilisation 0, memory 0)
         s.util = min(1.0, max(0.0, util + noise)) if util else 0.0
         s.mem_util = min(1.0, max(0.0, mem_util + noise * 0.5)) if mem_util else 0.0
-        for unit, share in zip(ACTIVITY_UNITS, _PHASE_ACTIVITY[phase], strict=True):
+        for unit, share in zip(ACTIVITY_UNITS, activity, strict=True):
             s.activity[unit] += min(1.0, max(0.0, share + noise)) * dt if share else 0.0
 
         # fitted to the H100 capture (41 °C at 70 W, 59-65 °C at 630 W) and holds for the H200 (38 °C at

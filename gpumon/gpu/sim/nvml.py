@@ -21,7 +21,8 @@ import pynvml
 from gpumon.gpu import fields
 from gpumon.gpu.sim.catalog import MiB, SimModel, parse_spec
 from gpumon.gpu.sim.device import SimGpu, SimMigDevice, StaticDynamics
-from gpumon.gpu.sim.dynamics import NodeWorkload, TrainingDynamics, step_seconds
+from gpumon.gpu.sim.driven import SdkDriver
+from gpumon.gpu.sim.dynamics import IdleWorkload, NodeWorkload, TrainingDynamics, Workload, step_seconds
 from gpumon.gpu.sim.events import SimEvents
 from gpumon.gpu.sim.faults import Faults, Window
 from gpumon.gpu.sim.gpm import SimGpm
@@ -113,6 +114,7 @@ class SimNvml(SimEvents, SimMig, SimGpm, SimProcesses):
         cuda_driver_version: int = 12080,
         jobs: Sequence[str] = (),
         speed: float = 1.0,
+        unreported_jobs: bool = True,
     ) -> None:
         if not 0.0 < speed <= MAX_SPEED:  # NaN fails too
             raise ValueError(f"speed must be above 0 and at most {MAX_SPEED:g}, got {speed!r}")
@@ -127,13 +129,14 @@ class SimNvml(SimEvents, SimMig, SimGpm, SimProcesses):
         self.speed = float(speed)
         self.warmup = warmup
         self.faults = Faults(self.elapsed)
-        # --sim-job: those GPUs run that job for good; the others run the node's job sequence
+        # --sim-job: those GPUs run that job for good. The others idle, or run the node's sequence of jobs
+        # that do not report (unreported_jobs), unless SDK processes reporting on them drive them (driven.py)
         self.jobs = [
             SimJob(spec, functools.partial(self._windows, spec.gpus))
             for spec in parse_jobs(jobs, len(models))
         ]
-        workloads = {gpu: job for job in self.jobs for gpu in job.spec.gpus}
-        node = NodeWorkload(seed)
+        workloads: dict[int, Workload] = {gpu: job for job in self.jobs for gpu in job.spec.gpus}
+        node: Workload = NodeWorkload(seed) if unreported_jobs else IdleWorkload()
         slowed = [functools.partial(self._slowed, i) for i in range(len(models))]
         dt = step_seconds(self.speed)
         self.gpus = [
@@ -147,6 +150,12 @@ class SimNvml(SimEvents, SimMig, SimGpm, SimProcesses):
             for i, m in enumerate(models)
             for w in [workloads.get(i, node)]
         ]
+        free = [i for i in range(len(models)) if i not in workloads]
+        self.driver = SdkDriver(self.gpus, free)
+        for i in free:
+            dynamics = self.gpus[i].dynamics
+            if isinstance(dynamics, TrainingDynamics):
+                dynamics.workload = self.driver.wrap(i, dynamics.workload)
         self.driver_version = driver_version
         self.cuda_driver_version = cuda_driver_version
         self.driver_loaded = True

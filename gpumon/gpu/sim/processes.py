@@ -71,9 +71,14 @@ class SimProcesses:
         self._proc_epoch = time.time()
 
     def processes(self, gpu: SimGpu) -> list[SimProcess]:
-        """A test's fixed list (``gpu.processes``) or the running job's processes."""
+        """A test's fixed list (``gpu.processes``), the real SDK processes driving the GPU, or the running
+        job's processes."""
         fixed = getattr(gpu, "processes", None)
-        return list(fixed) if fixed is not None else job_processes(gpu, self.seed, self.now())
+        if fixed is not None:
+            return list(fixed)
+        driven = getattr(getattr(gpu.dynamics, "workload", None), "processes", None)
+        procs = driven(gpu.state.util, gpu.state.mem_util) if driven is not None else None
+        return procs if procs is not None else job_processes(gpu, self.seed, self.now())
 
     def nvmlDeviceGetComputeRunningProcesses(self, handle: SimGpu) -> list[Any]:
         gpu = self._gpu(handle, "nvmlDeviceGetComputeRunningProcesses")
@@ -113,7 +118,7 @@ class SimProcesses:
         owners: dict[str, PodOwner] = {}
         for gpu in self.gpus:
             for p in self.processes(gpu):
-                if "kubepods" in p.cgroup:
+                if p.synthetic and "kubepods" in p.cgroup:  # a real process's pod is the kubelet's to say
                     job = (p.pid - 20000) // 64
                     owners[gpu.uuid] = PodOwner("ml-train", f"llm-pretrain-{job}-worker-0", "trainer")
         return MappingProxyType(owners)

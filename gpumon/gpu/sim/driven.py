@@ -1,0 +1,247 @@
+"""Simulated GPUs driven by real training processes: a loop that reports through the SDK on a simulated GPU
+makes that GPU as busy as its phases say.
+
+A process reporting with ``device=N`` (the NVML index or UUID of a simulated GPU that runs no ``--sim-job``)
+drives that GPU while it reports. Over each interval between two of its reports, the GPU spends the share
+of time the loop spent in each phase (running phases included):
+
+- ``data_wait``: the SMs wait (the input pipeline's PCIe traffic only);
+- ``checkpoint``: the SMs wait while the state goes out over PCIe;
+- ``communication``: the all-reduce, on NVLink;
+- everything else, named phases (forward/backward, optimizer, evaluation...) and time outside any phase:
+  compute. A loop that reports only ``step()`` keeps its GPU busy, as it would.
+
+Utilisation, power, clocks, profiling activity and traffic are the blend of those phases (dynamics.MIXED),
+as the driver's own averaging over its sample window would show them. HBM is the allocator's reserved bytes
+when the SDK reports them (torch on CUDA), plus a CUDA context. The GPU lists the process under its real pid,
+name, user and cgroup (read from this host's /proc), so attribution names it as it would on a real node.
+
+A GPU is driven from its first report to the process's final report, its exit, or ``STALE`` seconds without
+a report; then it idles again (or runs ``--sim-unreported-jobs``' work). Standard library and the
+simulator only: the reports arrive as duck-typed objects (gpumon.jobs.report.Report), handed over by
+``gpumon serve``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from gpumon.gpu.sim.catalog import MiB
+from gpumon.gpu.sim.device import SimGpu, SimProcess
+from gpumon.gpu.sim.dynamics import ALLREDUCE, CHECKPOINT, COMPUTE, DATA_WAIT, MIXED, Job, Workload
+
+STALE = 10.0  # seconds without a report after which a process no longer drives its GPU
+CONTEXT_BYTES = 512 * MiB  # a CUDA context and the libraries' workspaces, which no allocator counts
+LIVENESS_EVERY = 1.0  # seconds between checks that a driving process still exists
+# the phases that leave the SMs idle or move data elsewhere; every other phase is compute
+_PHASES = {"data_wait": DATA_WAIT, "checkpoint": CHECKPOINT, "communication": ALLREDUCE}
+
+
+class ReportLike(Protocol):
+    """What the driver reads of a report (gpumon.jobs.report.Report has these)."""
+
+    @property
+    def job(self) -> str: ...
+    @property
+    def rank(self) -> int: ...
+    @property
+    def incarnation(self) -> str: ...
+    @property
+    def pid(self) -> int: ...
+    @property
+    def time(self) -> float: ...
+    @property
+    def started(self) -> float: ...
+    @property
+    def devices(self) -> tuple[str, ...]: ...
+    @property
+    def phases(self) -> Mapping[str, float]: ...
+    @property
+    def open_phases(self) -> Mapping[str, float]: ...
+    @property
+    def memory(self) -> Any: ...
+    @property
+    def final(self) -> bool: ...
+
+
+@dataclass
+class _Process:
+    pid: int
+    gpus: tuple[int, ...]
+    at: float  # the last report's own time
+    phases: dict[str, float]  # the last report's phase seconds, running phases included
+    shares: dict[str, float] = field(default_factory=lambda: {COMPUTE: 1.0})
+    reserved: int | None = None  # the allocator's reserved bytes, when reported
+    seen: float = 0.0  # monotonic, when the last report arrived
+    alive_checked: float = 0.0
+    alive: bool = True
+    identity: SimProcess | None = None  # name, user and cgroup, read once
+
+
+class SdkDriver:
+    """The reports of real SDK processes, turned into the workload of the simulated GPUs they name."""
+
+    def __init__(
+        self,
+        gpus: Sequence[SimGpu],
+        eligible: Iterable[int],
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        proc: str = "/proc",
+    ) -> None:
+        self._gpus = list(gpus)
+        self._eligible = frozenset(eligible)
+        self._by_uuid = {g.uuid: g.index for g in gpus} | {m.uuid: g.index for g in gpus for m in g.mig}
+        self._clock = clock
+        self._proc = proc
+        self._lock = threading.Lock()
+        self._procs: dict[tuple[str, int, str], _Process] = {}  # (job, rank, incarnation)
+
+    def wrap(self, index: int, fallback: Workload) -> DrivenWorkload:
+        return DrivenWorkload(self, index, fallback)
+
+    def observe(self, r: ReportLike) -> None:
+        """One accepted report (called by the daemon after it stored the report)."""
+        key = (r.job, r.rank, r.incarnation)
+        now = self._clock()
+        gpus = self._resolve(r.devices)
+        with self._lock:
+            for k in [k for k, p in self._procs.items() if now - p.seen > STALE]:
+                del self._procs[k]
+            if r.final or not gpus:
+                self._procs.pop(key, None)
+                return
+            phases = dict(r.phases)
+            for name, seconds in r.open_phases.items():
+                phases[name] = phases.get(name, 0.0) + seconds
+            p = self._procs.get(key)
+            if p is None:
+                p = self._procs[key] = _Process(r.pid, gpus, r.started, {})
+            wall = r.time - p.at
+            if wall > 0:
+                p.shares = _shares({n: s - p.phases.get(n, 0.0) for n, s in phases.items()}, wall)
+                p.at, p.phases = r.time, phases
+            p.gpus, p.seen = gpus, now
+            memory = r.memory
+            p.reserved = getattr(memory, "reserved_bytes", None) if memory is not None else None
+
+    def _resolve(self, devices: Iterable[str]) -> tuple[int, ...]:
+        out = []
+        for d in devices:
+            index = int(d) if d.isdigit() and int(d) < len(self._gpus) else self._by_uuid.get(d)
+            if index is not None and index in self._eligible and index not in out:
+                out.append(index)
+        return tuple(out)
+
+    def active(self, index: int) -> list[_Process]:
+        """The processes driving GPU ``index`` now."""
+        now = self._clock()
+        with self._lock:
+            procs = [p for p in self._procs.values() if index in p.gpus and now - p.seen <= STALE]
+            for p in procs:
+                if now - p.alive_checked >= LIVENESS_EVERY:
+                    p.alive_checked = now
+                    p.alive = os.path.exists(os.path.join(self._proc, str(p.pid)))
+            return [p for p in procs if p.alive]
+
+    def identity(self, p: _Process) -> SimProcess:
+        """The process as this host's /proc describes it (read once; a vanished one keeps the defaults)."""
+        if p.identity is None:
+            p.identity = _read_identity(os.path.join(self._proc, str(p.pid)), p.pid)
+        return p.identity
+
+
+class DrivenWorkload:
+    """One simulated GPU's workload: what the SDK processes on it report, else ``fallback``'s."""
+
+    def __init__(self, driver: SdkDriver, index: int, fallback: Workload) -> None:
+        self.driver = driver
+        self.index = index
+        self.fallback = fallback
+        self._total = driver._gpus[index].model.memory_mib * MiB
+
+    def _job(self, procs: list[_Process]) -> Job:
+        used = sum((p.reserved or 0) + CONTEXT_BYTES for p in procs)
+        comm = sum(p.shares.get(ALLREDUCE, 0.0) for p in procs) / len(procs)
+        return Job(-1, 0.0, math.inf, 0.0, 1.0, comm, min(1.0, used / self._total))
+
+    def job_at(self, t: float) -> Job | None:
+        procs = self.driver.active(self.index)
+        return self._job(procs) if procs else self.fallback.job_at(t)
+
+    def phase(self, t: float) -> tuple[str, Job | None]:
+        procs = self.driver.active(self.index)
+        return (MIXED, self._job(procs)) if procs else self.fallback.phase(t)
+
+    def shares(self) -> dict[str, float]:
+        """The mean of the driving processes' phase shares (several processes may share a GPU)."""
+        procs = self.driver.active(self.index)
+        if not procs:
+            return {COMPUTE: 1.0}
+        out: dict[str, float] = {}
+        for p in procs:
+            for phase, share in p.shares.items():
+                out[phase] = out.get(phase, 0.0) + share / len(procs)
+        return out
+
+    def processes(self, util: float, mem_util: float) -> list[SimProcess] | None:
+        """The driving processes as NVML lists them, or None when nothing drives this GPU."""
+        procs = self.driver.active(self.index)
+        if not procs:
+            return None
+        out = []
+        for p in procs:
+            who = self.driver.identity(p)
+            used = (p.reserved or 0) + CONTEXT_BYTES
+            out.append(
+                SimProcess(p.pid, used, util, mem_util, who.name, who.uid, who.cgroup, {}, who.start_ticks)
+            )
+        return out
+
+
+def _shares(spent: Mapping[str, float], wall: float) -> dict[str, float]:
+    """Each simulator phase's share of ``wall`` seconds, from the seconds spent in each reported phase."""
+    out: dict[str, float] = {}
+    for name, seconds in spent.items():
+        if seconds > 0:
+            phase = _PHASES.get(name, COMPUTE)
+            out[phase] = out.get(phase, 0.0) + seconds / wall
+    named = sum(out.values())
+    if named > 1.0:  # phases overlapping (nested, or on two threads): proportions, no remainder
+        out = {k: v / named for k, v in out.items()}
+    else:
+        out[COMPUTE] = out.get(COMPUTE, 0.0) + 1.0 - named  # outside any phase: taken as GPU work
+    return out
+
+
+def _read_identity(folder: str, pid: int) -> SimProcess:
+    """Name, user, cgroup and start time of a real process (synthetic=False: not one the simulator made)."""
+    who = SimProcess(pid, 0, name="python", synthetic=False)
+
+    def read(name: str) -> str | None:
+        try:
+            with open(os.path.join(folder, name), encoding="utf-8", errors="replace") as fh:
+                return fh.read(65536)
+        except OSError:
+            return None
+
+    comm = read("comm")
+    if comm and comm.strip():
+        who.name = comm.strip()[:64]
+    for line in (read("status") or "").splitlines():
+        if line.startswith("Uid:") and len(line.split()) > 1 and line.split()[1].isdigit():
+            who.uid = int(line.split()[1])
+    cgroup = read("cgroup")
+    if cgroup:
+        who.cgroup = cgroup
+    stat = read("stat") or ""
+    fields = stat[stat.rfind(")") + 2 :].split()
+    if len(fields) > 19 and fields[19].isdigit():
+        who.start_ticks = int(fields[19])
+    return who
