@@ -4,7 +4,7 @@
 #
 #   docker build -t gpumon .
 #   docker run --rm --gpus all -p 9478:9478 gpumon                            # the host's GPUs
-#   docker run --rm -p 9478:9478 gpumon serve --simulate 8xH100-SXM           # simulated, no GPU needed
+#   docker run --rm -p 9478:9478 gpumon serve --simulate 8xH100-SXM --sim-job llama-70b:0-7   # no GPU needed
 #
 # NVML (libnvidia-ml.so.1) is not in this image: it belongs to the host's NVIDIA driver and must match it.
 # The NVIDIA Container Toolkit mounts it in, with the /dev/nvidia* device nodes, when the container runs

@@ -117,7 +117,7 @@ def main() -> None:
     p.add_argument("--json", type=Path)
     args = p.parse_args()
     results: dict[str, object] = {"machine": machine()}
-    d = Daemon("--simulate", "8xH100-SXM", "--max-ranks", "64")
+    d = Daemon("--simulate", "8xH100-SXM", "--sim-unreported-jobs", "--max-ranks", "64")
     try:
         url = str(d.client.base_url)
         daemon = psutil.Process(d.proc.pid)

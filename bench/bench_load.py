@@ -92,7 +92,7 @@ def main() -> None:
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     print("\n".join(lines), flush=True)
-    d = start_daemon("--simulate", "8xH100-SXM")
+    d = start_daemon("--simulate", "8xH100-SXM", "--sim-unreported-jobs")
     try:
         time.sleep(3.0)  # a few sweeps first: GPM and the process list need two
         for name, scrapers, every, ranks in SCENARIOS:

@@ -238,7 +238,20 @@ def run_gpumon(profile: str, port: int) -> None:
     args: tuple[Any, ...] = (sim, rec, collections.Counter(), proto, sim.remove_proc_root)
     threading.Thread(target=control, args=args, daemon=True).start()
     listen = f"127.0.0.1:{port}"
-    main(["serve", "--simulate", SPEC, "--listen", listen, "--interval", "1s", "--log-level", "warning"])
+    main(
+        [
+            "serve",
+            "--simulate",
+            SPEC,
+            "--sim-unreported-jobs",
+            "--listen",
+            listen,
+            "--interval",
+            "1s",
+            "--log-level",
+            "warning",
+        ]
+    )
 
 
 def run_nvitop(profile: str, port: int) -> None:

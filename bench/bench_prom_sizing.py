@@ -79,7 +79,7 @@ def only(body: str, names: set[str]) -> str:
 
 
 def record(args: list[str], interval: float) -> list[str]:
-    d = start_daemon("--simulate", "8xH100-SXM", "--interval", f"{interval}s", *args)
+    d = start_daemon("--simulate", "8xH100-SXM", "--sim-unreported-jobs", "--interval", f"{interval}s", *args)
     try:
         time.sleep(3 * interval + 2)  # GPM pairs, the event watcher, the job's first reports
         bodies = []

@@ -107,7 +107,11 @@ def main() -> None:
     subprocess.run(["git", "worktree", "add", "--detach", str(base), args.baseline], cwd=ROOT, check=True)
     daemons: dict[str, Daemon] = {}
     try:
-        daemons = {"this": start_daemon(*DAEMON), "baseline": start_daemon(*DAEMON, tree=base)}
+        # trees before the coherent simulator load their GPUs by default; this one needs asking
+        daemons = {
+            "this": start_daemon(*DAEMON, "--sim-unreported-jobs"),
+            "baseline": start_daemon(*DAEMON, tree=base),
+        }
         for d in daemons.values():  # every rank admitted and a few sweeps done before anything is measured
             load.generate(d.url, 3.0, scrapers=0, ranks=RANKS, rate=1.0, ranks_per_job=PER_JOB)
         results: dict[int, dict[str, dict[str, float]]] = {}
@@ -155,7 +159,11 @@ def main_typical(args: argparse.Namespace) -> None:
     daemons: dict[str, Daemon] = {}
     node = ("--simulate", "8xH100-SXM")
     try:
-        daemons = {"this": start_daemon(*node), "baseline": start_daemon(*node, tree=base)}
+        # trees before the coherent simulator load their GPUs by default; this one needs asking
+        daemons = {
+            "this": start_daemon(*node, "--sim-unreported-jobs"),
+            "baseline": start_daemon(*node, tree=base),
+        }
         for d in daemons.values():
             load.generate(d.url, 3.0, scrapers=0, ranks=8, rate=1.0, ranks_per_job=8)
         cpu = typical(daemons, args.seconds, args.rounds)

@@ -4,13 +4,13 @@ at the end against after warm-up. Results go to docs/performance.md.
     python bench/bench_soak.py [--hours 24] [--speed 480] [--markdown FILE]
 
 tests/support/soak.py does the work (tests/e2e/test_soak.py runs a shorter form in CI): `gpumon serve
---simulate 8xH100-SXM --sim-speed SPEED --rank-ttl 3s` with GPUs lost and back, a hung call, NVML errors, a
-driver reload, a slowdown and XIDs of five codes spread over the day; the node's own jobs start and stop every
-20-60 simulated minutes (their processes with them); two SDK jobs at a time, each a real process of 8
-Reporters with a name of its own, report for 6 s and close (every fourth is SIGKILLed: its ranks are lost).
-Scraped once a second. Printed: RSS, threads, open fds and series at the start, mid point and end, the sweeps
-done, every error, and each problem found (a non-flat figure or a stale series), and how RSS moved over the
-run.
+--simulate 8xH100-SXM --sim-unreported-jobs --sim-speed SPEED --rank-ttl 3s` with GPUs lost and back, a hung
+call, NVML errors, a driver reload, a slowdown and XIDs of five codes spread over the day; the node's own jobs
+start and stop every 20-60 simulated minutes (their processes with them); two SDK jobs at a time, each a real
+process of 8 Reporters with a name of its own, report for 6 s and close (every fourth is SIGKILLed: its ranks
+are lost). Scraped once a second. Printed: RSS, threads, open fds and series at the start, mid point and end,
+the sweeps done, every error, and each problem found (a non-flat figure or a stale series), and how RSS moved
+over the run.
 """
 
 from __future__ import annotations

@@ -116,10 +116,10 @@ def test_no_folder_of_gpumon_holds_more_than_14_modules() -> None:
     assert not crowded, f"split these folders by concern: {crowded}"
 
 
-def test_readme_layout_names_folders_in_at_most_30_lines() -> None:
-    text = (ROOT / "README.md").read_text()
+def test_the_layout_names_folders_in_at_most_30_lines() -> None:
+    text = (ROOT / "docs" / "design.md").read_text()
     layout = re.search(r"## Layout\n.*?```\n(.+?)\n```", text, flags=re.S)
-    assert layout, "README.md has a Layout section with the tree in a code block"
+    assert layout, "docs/design.md has a Layout section with the tree in a code block"
     lines = layout.group(1).splitlines()
     assert len(lines) <= 30, f"the layout is {len(lines)} lines"
     named = {m.group(1) for line in lines if (m := re.match(r"\s+(\w+)/\s", line))}
@@ -134,3 +134,49 @@ def test_the_examples_documented_commands_match_the_example() -> None:
     doc = (ROOT / "docs" / "sdk.md").read_text()
     assert re.findall(r"gpumon diagnose --job (\S+)", doc) == [default]
     assert "--index-url https://download.pytorch.org/whl/cpu" in doc  # the example's torch, without CUDA
+
+
+def test_the_readme_indexes_every_doc_and_its_links_resolve() -> None:
+    text = (ROOT / "README.md").read_text()
+    indexed = set(re.findall(r"^\| \[docs/([\w.-]+\.md)\]", text, flags=re.M))
+    assert indexed == {p.name for p in (ROOT / "docs").glob("*.md")}
+    for target in re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", text):  # relative links and images
+        assert (ROOT / target).exists(), f"README.md links to {target}, which does not exist"
+    for doc in (ROOT / "docs").glob("*.md"):
+        for target in re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", doc.read_text()):
+            assert (doc.parent / target).exists(), f"{doc.name} links to {target}, which does not exist"
+
+
+@pytest.mark.slow  # a daemon with two simulated jobs, and the verdicts they need
+def test_the_readme_quickstart_runs_as_written() -> None:
+    """The quickstart's `gpumon serve ...` (on this driverless machine: the demo node) and its curl line give
+    what the README shows: both jobs' MFU and verdicts, GPU 0 busy and GPU 6 serving a job."""
+    import time
+
+    from support.helpers import start_daemon
+
+    first = readme_commands()[0]
+    serve = first.split(" && gpumon ", 1)[1].split()
+    assert serve[0] == "serve" and "--sim-job" in serve
+    curl = next(c for c in readme_commands() if c.startswith("curl "))
+    d = start_daemon(*serve[1:])
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            out = subprocess.run(
+                curl.replace("localhost:9478", d.url.removeprefix("http://")),
+                shell=True, capture_output=True, text=True, executable="/bin/bash",
+            )  # fmt: skip
+            lines = out.stdout.splitlines()
+            if len(lines) == 8 or time.monotonic() > deadline:
+                break
+            time.sleep(1.0)
+    finally:
+        d.stop()
+    shown = re.search(r"```\n(gpumon_.+?)\n```", (ROOT / "README.md").read_text(), flags=re.S)
+    assert shown is not None
+    expected = [re.sub(r" \S+$", "", line) for line in shown.group(1).splitlines()]
+    assert [re.sub(r" \S+$", "", line) for line in lines] == expected, out.stdout + out.stderr
+    values = {re.sub(r" \S+$", "", line): float(line.rsplit(" ", 1)[1]) for line in lines}
+    assert values[expected[0]] > 0.5 and all(0.3 < values[k] < 0.5 for k in expected[4:6])
+    assert values[expected[6]] == values[expected[7]] == 1.0  # finetune input-bound, llama-70b compute-bound

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -54,3 +55,45 @@ def test_train_tiny_against_the_daemon_matches_the_script_within_one_percent(dae
     assert rank["flops_per_token"] == mine["flops_per_token"]
     assert set(rank["rates"]["phase_ratios"]) >= {"data_wait", "forward_backward", "optimizer"}
     assert job["diagnosis"]["bottleneck"] and job["diagnosis"]["evidence"]
+
+
+def test_a_first_loop_on_a_simulated_gpu_gets_the_verdict_its_phases_call_for(daemon, tmp_path) -> None:
+    """Two real training loops on two simulated GPUs of an otherwise idle node: one waits on a slow input
+    pipeline, the other computes. Each GPU follows its own loop's phases, and each job gets its verdict."""
+    require_module("torch")
+    d = daemon("--simulate", "3xH100-SXM", "--interval", "250ms", "--rate-window", "8s")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+
+    def loop(job: str, device: str, *extra: str) -> subprocess.Popen[str]:
+        cmd = [
+            sys.executable, str(ROOT / "examples" / "train_tiny.py"), "--steps", "100000", "--job", job,
+            "--url", d.url, "--device", device, "--report-interval", "0.25", "--out", str(tmp_path / job),
+            *extra,
+        ]  # fmt: skip
+        return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    slow, fast = loop("waits-on-data", "0", "--data-delay", "0.05"), loop("computes", "1")
+    try:
+        deadline = time.monotonic() + 90
+        wanted = {"waits-on-data": "input", "computes": "compute"}
+        verdicts: dict[str, str] = {}
+        while time.monotonic() < deadline and verdicts != wanted:
+            time.sleep(1.0)
+            jobs = {j["job"]: j for j in d.get("/v1/jobs").json()["jobs"]}
+            verdicts = {name: jobs[name]["bottleneck"] for name in wanted if name in jobs}
+        assert verdicts == wanted
+        gpus = d.get("/v1/gpus").json()["gpus"]
+        pids = [[p["pid"] for p in g["reading"]["processes"] or []] for g in gpus]
+        assert pids == [[slow.pid], [fast.pid], []]  # who uses each GPU: the loops' real pids; GPU 2 is idle
+        assert gpus[2]["reading"]["utilization_ratio"] == 0
+    finally:
+        for p in (slow, fast):
+            p.kill()
+            p.wait()
+    time.sleep(0.5)
+    gone = d.get("/v1/gpus").json()["gpus"]  # the processes died: their GPUs idle again within a sweep or two
+    deadline = time.monotonic() + 10
+    while any(g["reading"]["processes"] for g in gone) and time.monotonic() < deadline:
+        time.sleep(0.5)
+        gone = d.get("/v1/gpus").json()["gpus"]
+    assert not any(g["reading"]["processes"] for g in gone)

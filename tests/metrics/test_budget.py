@@ -45,7 +45,7 @@ def steady(d, timeout: float = 10.0) -> str:
 
 @pytest.mark.slow
 def test_the_default_exposition_of_8_h100_is_within_the_budget(daemon) -> None:
-    d = daemon("--simulate", f"{GPUS}xH100-SXM", "--interval", "200ms")
+    d = daemon("--simulate", f"{GPUS}xH100-SXM", "--sim-unreported-jobs", "--interval", "200ms")  # busy GPUs
     counts = series_by_gpu(steady(d))
     node = counts.pop("")
     assert len(counts) == GPUS
@@ -61,7 +61,7 @@ def test_the_default_exposition_of_8_h100_is_within_the_budget(daemon) -> None:
 
 @pytest.mark.slow
 def test_collect_all_serves_every_detail(daemon) -> None:
-    d = daemon("--simulate", "2xH100-SXM", "--interval", "200ms", "--collect", "all")
+    d = daemon("--simulate", "2xH100-SXM", "--sim-unreported-jobs", "--interval", "200ms", "--collect", "all")
     names = {f.name for f in text_string_to_metric_families(steady(d))}
     opt_in = {m.name.removesuffix("_total") for m in M.REGISTRY if m.detail}
 

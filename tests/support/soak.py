@@ -1,12 +1,12 @@
 """The soak run shared by tests/e2e/test_soak.py (CI: a few simulated hours in about a minute) and
 bench/bench_soak.py (a simulated day in a few minutes, figures for docs/performance.md).
 
-A real ``gpumon serve --simulate 8xH100-SXM --sim-speed S --rank-ttl 3s`` plays accelerated time: the node's
-jobs start and stop (their processes with them), GPUs are lost and come back, calls hang and fail, XIDs of
-several codes arrive (``--sim-fault``, spread over the active part of the run). Meanwhile real training
-processes report through the SDK (``gpumon.client.Reporter``), one job after another, each with a job name of
-its own; some close cleanly, some are SIGKILLed (lost ranks). The daemon is scraped once a second as
-Prometheus would.
+A real ``gpumon serve --simulate 8xH100-SXM --sim-unreported-jobs --sim-speed S --rank-ttl 3s`` plays
+accelerated time: the node's jobs start and stop (their processes with them), GPUs are lost and come back,
+calls hang and fail, XIDs of several codes arrive (``--sim-fault``, spread over the active part of the run).
+Meanwhile real training processes report through the SDK (``gpumon.client.Reporter``), one job after another,
+each with a job name of its own; some close cleanly, some are SIGKILLed (lost ranks). The daemon is scraped
+once a second as Prometheus would.
 
 Its footprint (VmRSS, threads, open fds from /proc) and its series (every name and label set in /metrics)
 are taken at two quiet points: after warm-up, before any SDK job and any fault, and at the end, once every
@@ -128,7 +128,7 @@ class Plan:
         return out
 
     def daemon_args(self) -> list[str]:
-        args = ["--simulate", f"{GPUS}xH100-SXM", "--sim-speed", f"{self.speed:g}"]
+        args = ["--simulate", f"{GPUS}xH100-SXM", "--sim-unreported-jobs", "--sim-speed", f"{self.speed:g}"]
         args += ["--rank-ttl", f"{RANK_TTL:g}s", "--interval", self.interval, "--timeout", self.timeout]
         for f in self.faults():
             args += ["--sim-fault", f.text]

@@ -198,8 +198,8 @@ def test_dots_escaping_doubles_underscores(node) -> None:
 @pytest.mark.slow
 def test_deep_telemetry_end_to_end_xid_compat_and_owner_labels(daemon) -> None:
     d = daemon(
-        "--simulate", "2xH100-SXM", "--interval", "200ms", "--compat", "dcgm", "--owner-labels",
-        "--sim-fault", "xid:1:79@1",
+        "--simulate", "2xH100-SXM", "--sim-unreported-jobs", "--interval", "200ms", "--compat", "dcgm",
+        "--owner-labels", "--sim-fault", "xid:1:79@1",
     )  # fmt: skip
     deadline = time.monotonic() + 10
     text = ""

@@ -215,7 +215,7 @@ def _shares(spent: Mapping[str, float], wall: float) -> dict[str, float]:
     named = sum(out.values())
     if named > 1.0:  # phases overlapping (nested, or on two threads): proportions, no remainder
         out = {k: v / named for k, v in out.items()}
-    else:
+    elif named < 1.0:
         out[COMPUTE] = out.get(COMPUTE, 0.0) + 1.0 - named  # outside any phase: taken as GPU work
     return out
 

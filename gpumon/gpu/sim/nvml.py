@@ -151,7 +151,7 @@ class SimNvml(SimEvents, SimMig, SimGpm, SimProcesses):
             for w in [workloads.get(i, node)]
         ]
         free = [i for i in range(len(models)) if i not in workloads]
-        self.driver = SdkDriver(self.gpus, free)
+        self.driver = SdkDriver(self.gpus, free, clock=clock)
         for i in free:
             dynamics = self.gpus[i].dynamics
             if isinstance(dynamics, TrainingDynamics):
