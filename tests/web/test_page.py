@@ -288,17 +288,24 @@ def test_the_page_refreshes_itself_and_stays_usable_with_20_jobs_on_8_gpus(chrom
     assert "No job reports to this node" in chrome.find_element("id", "job-rows").text
     chrome.execute_script("window.__sameDocument = true")
     first = status(chrome)
-    for i in range(20):
+    longest = "z" * 128  # a name as long as the protocol allows, with nowhere to break it
+    for i in range(19):
         post(d, now_report(50, job=f"job-{i:02}", devices=[str(i % 8)], step_seconds=0.2))
+    post(d, now_report(50, job=longest, devices=["7"], step_seconds=0.2))
     wait_for("20 job rows", lambda: len(texts(chrome, "#job-rows a.job-name")) == 20)
     assert chrome.execute_script("return window.__sameDocument === true")  # redrawn, not reloaded
     assert status(chrome) != first  # a newer sample
     gpu0 = texts(chrome, "#gpu-rows > tr")[0]
     assert all(f"job-{i:02} rank 0" in gpu0 for i in (0, 8, 16))
     names = texts(chrome, "#job-rows a.job-name")
-    assert names == sorted(names) and names[0] == "job-00"
-    width = chrome.execute_script("return [document.documentElement.scrollWidth, window.innerWidth]")
-    assert width[0] <= width[1], f"the page scrolls sideways at 1280 px: {width}"
+    assert names == sorted(names) and names[0] == "job-00" and names[-1] == longest
+    assert f"{longest} rank 0" in texts(chrome, "#gpu-rows > tr")[7]
+    # neither the page nor either table scrolls sideways at 1280 px
+    widths = chrome.execute_script(
+        "return [document.documentElement, ...document.querySelectorAll('.scroll')]"
+        ".map((e) => [e.scrollWidth, e.clientWidth])"
+    )
+    assert all(scroll <= client for scroll, client in widths), widths
     assert problems(chrome) == []
 
 
