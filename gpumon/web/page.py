@@ -43,11 +43,21 @@ def _sha256(text: str) -> str:
     return "'sha256-" + base64.b64encode(hashlib.sha256(text.encode()).digest()).decode() + "'"
 
 
-@cache
 def headers() -> dict[str, str]:
-    """The page's response headers. ``img-src data:`` is for the empty favicon, which stops the browser
-    asking for /favicon.ico (a 404 in its console on every load)."""
-    policy = "; ".join(
+    """The page's response headers (a new dict each time: the caller may add to it)."""
+    return {
+        "Content-Security-Policy": _policy(),
+        "X-Content-Type-Options": "nosniff",
+        "Cache-Control": "no-store",
+        "Referrer-Policy": "no-referrer",
+    }
+
+
+@cache
+def _policy() -> str:
+    """``img-src data:`` is for the empty favicon, which stops the browser asking for /favicon.ico (a 404
+    in its console on every load)."""
+    return "; ".join(
         (
             "default-src 'none'",
             "script-src " + " ".join(_sha256(asset(name)) for name in SCRIPTS),
@@ -59,12 +69,6 @@ def headers() -> dict[str, str]:
             "frame-ancestors 'none'",
         )
     )
-    return {
-        "Content-Security-Policy": policy,
-        "X-Content-Type-Options": "nosniff",
-        "Cache-Control": "no-store",
-        "Referrer-Policy": "no-referrer",
-    }
 
 
 def render(backend: str, *, jobs: bool, node: str | None) -> str:

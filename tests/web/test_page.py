@@ -325,12 +325,15 @@ def test_a_hostile_job_name_is_text_and_its_link_and_detail_stay_one_path_segmen
 
 
 @pytest.mark.slow
-def test_without_training_the_page_never_asks_for_jobs(chrome, daemon) -> None:
-    d = daemon("--simulate", "1xH100-SXM", "--no-ingest", "--interval", "250ms")
+def test_without_training_the_page_never_asks_for_jobs_and_shows_an_xid(chrome, daemon) -> None:
+    d = daemon("--simulate", "1xH100-SXM", "--no-ingest", "--interval", "250ms", "--sim-fault=xid:0:79@0.5")
     open_page(chrome, d.url + "/?refresh=0.5")
     seen = refreshes(chrome)
     wait_for("two more refreshes", lambda: refreshes(chrome) >= seen + 2)
     assert "Training telemetry is off" in chrome.find_element("id", "jobs").text
+    badge = wait_for("the XID", lambda: chrome.find_elements("css selector", "#gpu-rows .badge.bad"))[0]
+    (xid,) = d.get("/v1/gpus").json()["gpus"][0]["xids"]
+    assert badge.text == f"XID 79 {X}1" and badge.get_attribute("title").startswith(xid["description"])
     assert problems(chrome) == []  # a request for /v1/jobs would have logged its 404
 
 
