@@ -1,9 +1,8 @@
-"""HTTP: /metrics, /healthz, /readyz, /v1/gpus, /v1/report, /v1/jobs, /v1/history, /v1/baselines, a landing
-page; one uvicorn worker."""
+"""HTTP: /metrics, /healthz, /readyz, /v1/gpus, /v1/report, /v1/jobs, /v1/history, /v1/baselines, the node
+page at / (gpumon/web/page.py); one uvicorn worker."""
 
 from __future__ import annotations
 
-import html
 import re
 from collections.abc import Callable, Hashable
 
@@ -19,6 +18,7 @@ from gpumon.gpu.snapshot import Snapshot, snapshot_json
 from gpumon.jobs.api import Ingest, Reason
 from gpumon.jobs.api import router as training_router
 from gpumon.jobs.service import Training
+from gpumon.web import page
 from gpumon.web.connections import Gate
 from gpumon.web.guard import Access, Guard
 from gpumon.web.scrape import Format, ScrapeCache
@@ -181,35 +181,10 @@ def create_app(
             return JSONResponse({"detail": "not ready: waiting for the first sample"}, status_code=503)
         return JSONResponse(snapshot_json(snap))
 
+    document = page.render(backend, jobs=training is not None, node=node)
+
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     def index() -> Response:
-        return HTMLResponse(_landing(backend, jobs=training is not None))
+        return HTMLResponse(document, headers=page.headers())
 
     return app
-
-
-def _landing(backend: str, *, jobs: bool) -> str:
-    banner = ""
-    if backend == "sim":
-        banner = (
-            '<p style="background:#fde68a;padding:.5em"><b>Simulated GPUs.</b> These numbers come from '
-            'gpumon\'s simulator, not from hardware (gpumon_build_info{backend="sim"}).</p>'
-        )
-    elif backend == "replay":
-        banner = (
-            '<p style="background:#fde68a;padding:.5em"><b>Replayed GPUs.</b> These numbers are a recording '
-            'of another node\'s NVML answers (gpumon_build_info{backend="replay"}).</p>'
-        )
-    pages = [("/metrics", "Prometheus metrics"), ("/v1/gpus", "latest snapshot as JSON")]
-    if jobs:
-        pages += [
-            ("/v1/jobs", "training and inference jobs reporting to this node, with their diagnosis"),
-            ("/v1/baselines", "the baseline library as this daemon last read it"),
-        ]
-    pages += [("/healthz", "liveness"), ("/readyz", "readiness")]
-    links = "".join(f'<li><a href="{path}">{path}</a>: {html.escape(text)}</li>' for path, text in pages)
-    return (
-        f"<!doctype html><html><head><title>gpumon</title></head><body><h1>gpumon {__version__}</h1>"
-        f"{banner}<p>GPU monitoring daemon and Prometheus exporter (backend: {html.escape(backend)}).</p>"
-        f"<ul>{links}</ul></body></html>"
-    )

@@ -39,14 +39,14 @@ class ManualClock:
         self.t += dt
 
 
-def require_tool(name: str) -> str:
+def require_tool(name: str, install: str = "apt-get install prometheus prometheus-alertmanager") -> str:
     """Path of an external tool the test needs. In CI its absence fails the test rather than skipping it."""
     path = shutil.which(name)
     if path:
         return path
     if IN_CI:
         pytest.fail(f"{name} is required in CI (.ci/run installs it) but was not found on PATH")
-    pytest.skip(f"{name} not installed (apt-get install prometheus prometheus-alertmanager)")
+    pytest.skip(f"{name} not installed ({install})")
 
 
 def require_module(module: str) -> ModuleType:
