@@ -34,6 +34,7 @@ class SimProcess:
     gpu_instance: int = NO_INSTANCE
     compute_instance: int = NO_INSTANCE
     synthetic: bool = True  # made up by the simulator; False: a real process driving the GPU (driven.py)
+    pod: str | None = None  # the Kubernetes pod it runs in, for the simulated kubelet (Kubernetes jobs only)
 
 
 class SimMigDevice:

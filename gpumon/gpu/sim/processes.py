@@ -44,6 +44,13 @@ def job_processes(gpu: SimGpu, seed: int, now: float) -> list[SimProcess]:
             "0::/kubepods.slice/kubepods-burstable.slice/"
             f"kubepods-burstable-pod{pod_uid.replace('-', '_')}.slice/cri-containerd-{container}.scope\n"
         )
+        # a --sim-job's pod is named after the job and the rank; the node's own jobs are anonymous
+        spec = getattr(workload, "spec", None)
+        proc.pod = (
+            f"{spec.name.lower()}-worker-{spec.rank(gpu.index)}"[:63]
+            if spec is not None
+            else f"llm-pretrain-{job.number}-worker-0"
+        )
     else:
         slurm_job = 1000 + job.number
         proc.cgroup = f"0::/system.slice/slurmstepd.scope/job_{slurm_job}/step_0/user/task_{gpu.index}\n"
@@ -118,9 +125,8 @@ class SimProcesses:
         owners: dict[str, PodOwner] = {}
         for gpu in self.gpus:
             for p in self.processes(gpu):
-                if p.synthetic and "kubepods" in p.cgroup:  # a real process's pod is the kubelet's to say
-                    job = (p.pid - 20000) // 64
-                    owners[gpu.uuid] = PodOwner("ml-train", f"llm-pretrain-{job}-worker-0", "trainer")
+                if p.synthetic and p.pod is not None:  # a real process's pod is the kubelet's to say
+                    owners[gpu.uuid] = PodOwner("ml-train", p.pod, "trainer")
         return MappingProxyType(owners)
 
     def proc_root(self) -> str:
