@@ -73,6 +73,7 @@ class ReportLike(Protocol):
 @dataclass
 class _Process:
     pid: int
+    incarnation: str
     gpus: tuple[int, ...]
     at: float  # the last report's own time
     phases: dict[str, float]  # the last report's phase seconds, running phases included
@@ -101,14 +102,14 @@ class SdkDriver:
         self._clock = clock
         self._proc = proc
         self._lock = threading.Lock()
-        self._procs: dict[tuple[str, int, str], _Process] = {}  # (job, rank, incarnation)
+        self._procs: dict[tuple[str, int], _Process] = {}  # (job, rank)
 
     def wrap(self, index: int, fallback: Workload) -> DrivenWorkload:
         return DrivenWorkload(self, index, fallback)
 
     def observe(self, r: ReportLike) -> None:
         """One accepted report (called by the daemon after it stored the report)."""
-        key = (r.job, r.rank, r.incarnation)
+        key = (r.job, r.rank)  # one entry per rank the store admitted: a restart replaces its predecessor
         now = self._clock()
         gpus = self._resolve(r.devices)
         with self._lock:
@@ -121,8 +122,8 @@ class SdkDriver:
             for name, seconds in r.open_phases.items():
                 phases[name] = phases.get(name, 0.0) + seconds
             p = self._procs.get(key)
-            if p is None:
-                p = self._procs[key] = _Process(r.pid, gpus, r.started, {})
+            if p is None or p.incarnation != r.incarnation:
+                p = self._procs[key] = _Process(r.pid, r.incarnation, gpus, r.started, {})
             wall = r.time - p.at
             if wall > 0:
                 p.shares = _shares({n: s - p.phases.get(n, 0.0) for n, s in phases.items()}, wall)

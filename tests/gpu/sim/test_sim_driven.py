@@ -206,3 +206,16 @@ def test_running_phases_count() -> None:
     sim.driver.observe(Rep(time=clock.t, phases={"forward_backward": 3.0}, open_phases={"checkpoint": 1.0}))
     assert sim.gpus[0].dynamics.workload.shares() == pytest.approx({CHECKPOINT: 1.0})  # type: ignore[union-attr]
     assert read(sim)["util"] < 0.2
+
+
+def test_a_restarted_rank_replaces_its_predecessor() -> None:
+    """One entry per (job, rank), as the store admits them: a flood of incarnations cannot grow the driver."""
+    sim, clock = node()
+    parent = os.getppid()  # alive too: the restarted process
+    drive(sim, clock, {"forward_backward": 1.0}, seconds=2)
+    for n in range(200):
+        sim.driver.observe(
+            Rep(time=clock.t + 1, phases={}, incarnation=f"new{n}", pid=parent, started=clock.t)
+        )
+    assert [p.pid for p in read(sim)["procs"]] == [parent]
+    assert len(sim.driver._procs) == 1
