@@ -110,4 +110,4 @@ MAX_BYTES = 1 << 62  # an allocator figure
 MIN_PEAK_FLOPS = 1e9  # a per-GPU peak below 1 GFLOP/s is a unit mistake (TFLOP/s given as FLOP/s)
 MAX_FLOPS = 1e18
 UUID_PATTERN = r"^(?:GPU|MIG)-[A-Za-z0-9/-]{1,96}$"  # NVML's, and old drivers' MIG-GPU-<uuid>/<gi>/<ci>
-DEVICE_PATTERN = r"^(?:\d{1,4}|(?:GPU|MIG)-[A-Za-z0-9/-]{1,96})$"  # an NVML index or a UUID
+DEVICE_PATTERN = r"^(?:[0-9]{1,4}|(?:GPU|MIG)-[A-Za-z0-9/-]{1,96})$"  # an NVML index or a UUID

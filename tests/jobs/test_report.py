@@ -55,6 +55,7 @@ def test_a_report_before_the_first_step_has_no_anchor() -> None:
         ("incarnation", "a" * 65, "incarnation: expected"),
         ("devices", "0", "devices: expected a list"),
         ("devices", ["cuda:0"], "neither a GPU-/MIG- UUID nor an NVML index"),
+        ("devices", ["\u0662"], "neither a GPU-/MIG- UUID nor an NVML index"),  # a digit, but not ASCII
         ("devices", ["0"] * 17, "devices: expected a list of at most 16"),
         ("totals", [], "totals: expected an object"),
         ("totals", {"steps": -1}, "totals.steps: must be >= 0"),

@@ -1,9 +1,9 @@
 """Simulated GPUs driven by real training processes: a loop that reports through the SDK on a simulated GPU
 makes that GPU as busy as its phases say.
 
-A process reporting with ``device=N`` (the NVML index or UUID of a simulated GPU that runs no ``--sim-job``)
-drives that GPU while it reports. Over each interval between two of its reports, the GPU spends the share
-of time the loop spent in each phase (running phases included):
+A process reporting with ``device=N`` (the NVML index or UUID of a simulated GPU that runs no ``--sim-job``
+and is not in MIG mode) drives that GPU while it reports. Over each interval between two of its reports, the
+GPU spends the share of time the loop spent in each phase (running phases included):
 
 - ``data_wait``: the SMs wait (the input pipeline's PCIe traffic only);
 - ``checkpoint``: the SMs wait while the state goes out over PCIe;
@@ -97,8 +97,10 @@ class SdkDriver:
         proc: str = "/proc",
     ) -> None:
         self._gpus = list(gpus)
-        self._eligible = frozenset(eligible)
-        self._by_uuid = {g.uuid: g.index for g in gpus} | {m.uuid: g.index for g in gpus for m in g.mig}
+        # a GPU in MIG mode is never driven: a MIG device's process would belong to one instance, whose
+        # memory and profiling the simulator keeps per instance, not per GPU
+        self._eligible = frozenset(i for i in eligible if not gpus[i].mig)
+        self._by_uuid = {g.uuid: g.index for g in gpus}
         self._clock = clock
         self._proc = proc
         self._lock = threading.Lock()
@@ -135,7 +137,9 @@ class SdkDriver:
     def _resolve(self, devices: Iterable[str]) -> tuple[int, ...]:
         out = []
         for d in devices:
-            index = int(d) if d.isdigit() and int(d) < len(self._gpus) else self._by_uuid.get(d)
+            index = (
+                int(d) if d.isascii() and d.isdigit() and int(d) < len(self._gpus) else self._by_uuid.get(d)
+            )
             if index is not None and index in self._eligible and index not in out:
                 out.append(index)
         return tuple(out)
@@ -165,10 +169,19 @@ class DrivenWorkload:
         self.driver = driver
         self.index = index
         self.fallback = fallback
-        self._total = driver._gpus[index].model.memory_mib * MiB
+        model = driver._gpus[index].model
+        self._total = (model.memory_mib - model.reserved_mib) * MiB  # what processes can hold (dynamics')
+
+    def _used(self, procs: list[_Process]) -> dict[int, int]:
+        """HBM per pid: its context once, and the larger allocator figure where one pid reports twice (two
+        Reporters in one process), never more than the GPU holds."""
+        used: dict[int, int] = {}
+        for p in procs:
+            used[p.pid] = max(used.get(p.pid, 0), min((p.reserved or 0) + CONTEXT_BYTES, self._total))
+        return used
 
     def _job(self, procs: list[_Process]) -> Job:
-        used = sum((p.reserved or 0) + CONTEXT_BYTES for p in procs)
+        used = sum(self._used(procs).values())
         comm = sum(p.shares.get(ALLREDUCE, 0.0) for p in procs) / len(procs)
         return Job(-1, 0.0, math.inf, 0.0, 1.0, comm, min(1.0, used / self._total))
 
@@ -197,11 +210,15 @@ class DrivenWorkload:
         if not procs:
             return None
         out = []
+        used = self._used(procs)
         for p in procs:
+            if p.pid not in used:
+                continue  # listed once, however many of its Reporters drive this GPU
             who = self.driver.identity(p)
-            used = (p.reserved or 0) + CONTEXT_BYTES
             out.append(
-                SimProcess(p.pid, used, util, mem_util, who.name, who.uid, who.cgroup, {}, who.start_ticks)
+                SimProcess(
+                    p.pid, used.pop(p.pid), util, mem_util, who.name, who.uid, who.cgroup, {}, who.start_ticks
+                )
             )
         return out
 

@@ -286,11 +286,14 @@ class TrainingDynamics:
             loads, activity = _PHASE_LOAD[phase], _PHASE_ACTIVITY[phase]
         power_share, util, mem_util, nvl_share, rx_rate, tx_rate = loads
 
-        # HBM: a job fills memory quickly while loading, then holds it; idle GPUs hold almost nothing. A
-        # process's reported allocator (MIXED) shows within seconds, as its allocations would.
+        # HBM: a job fills memory quickly while loading, then holds it. A process's reported allocator (MIXED)
+        # is what it holds, now; when no process is left, its memory is free at once, as the driver frees it.
         target_mem = job.fill_ratio * self.total_bytes if job else 0.0
-        fill_tau = 6.0 if phase == LOADING else 2.0 if phase == MIXED else 20.0
-        s.memory_used += (target_mem - s.memory_used) * (1.0 - math.exp(-dt / fill_tau))
+        if job is None or phase == MIXED:
+            s.memory_used = target_mem
+        else:
+            fill_tau = 6.0 if phase == LOADING else 20.0
+            s.memory_used += (target_mem - s.memory_used) * (1.0 - math.exp(-dt / fill_tau))
         s.memory_used = min(s.memory_used, self.total_bytes)
 
         # thermal excursions: rare, 10-30 s long

@@ -219,3 +219,38 @@ def test_a_restarted_rank_replaces_its_predecessor() -> None:
         )
     assert [p.pid for p in read(sim)["procs"]] == [parent]
     assert len(sim.driver._procs) == 1
+
+
+def test_hbm_is_what_the_listed_processes_hold_at_once_and_free_when_they_go() -> None:
+    sim, clock = node()
+    drive(sim, clock, {"forward_backward": 1.0}, seconds=1, memory=Mem(reserved_bytes=60 * GIB))
+    r = read(sim)
+    (proc,) = r["procs"]
+    assert sim.gpus[0].state.memory_used == proc.usedGpuMemory == 60 * GIB + CONTEXT_BYTES
+    sim.driver.observe(Rep(time=clock.t + 0.5, phases={"forward_backward": 1.5}, final=True))
+    clock.t += 0.2  # within a sweep
+    assert read(sim)["procs"] == [] and sim.gpus[0].state.memory_used == 0
+
+
+def test_process_memory_never_exceeds_the_gpu() -> None:
+    sim, clock = node()
+    drive(sim, clock, {"forward_backward": 1.0}, seconds=2, memory=Mem(reserved_bytes=2**61))
+    model = sim.gpus[0].model
+    total = (model.memory_mib - model.reserved_mib) << 20
+    (proc,) = read(sim)["procs"]
+    assert proc.usedGpuMemory == total == sim.gpus[0].state.memory_used
+
+
+def test_one_pid_reporting_twice_is_one_process() -> None:
+    sim, clock = node()
+    drive(sim, clock, {"forward_backward": 1.0}, seconds=2, job="a", memory=Mem(reserved_bytes=4 * GIB))
+    drive(sim, clock, {"forward_backward": 1.0}, seconds=2, job="b", memory=Mem(reserved_bytes=2 * GIB))
+    (proc,) = read(sim)["procs"]
+    assert proc.usedGpuMemory == 4 * GIB + CONTEXT_BYTES == sim.gpus[0].state.memory_used
+
+
+def test_mig_gpus_and_non_ascii_indexes_are_not_driven() -> None:
+    sim, clock = node("1xH100-SXM/mig=3g.40gb+2g.20gb,1xH100-SXM")
+    mig_uuid = sim.gpus[0].mig[0].uuid
+    drive(sim, clock, {"forward_backward": 1.0}, devices=("0", mig_uuid, sim.gpus[0].uuid, "\u0661"))
+    assert sim.processes(sim.gpus[0]) == [] and sim.processes(sim.gpus[1]) == []
