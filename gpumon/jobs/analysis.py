@@ -200,6 +200,7 @@ class Analysis:
             mfu=mfu,
             alloc_retries=rates.alloc_retries,
             ooms=rates.ooms,
+            finished=rates.finished,
             **_gpu_signals(w),
         )
 
@@ -224,6 +225,7 @@ class Analysis:
             mfu=mfu,
             alloc_retries=_sum([s.alloc_retries for s in sig]),
             ooms=_sum([s.ooms for s in sig]),
+            finished=all(s.finished for s in sig),
             **_gpu_signals(sig),
         )
         return JobResult(

@@ -97,6 +97,8 @@ class Signals:
     mfu: float | None = None
     alloc_retries: float | None = None  # the caching allocator's retries in the window (PyTorch ranks)
     ooms: float | None = None  # and its out-of-memory errors
+    # every rank sent its final report: no step since is the end of the run, not a stall
+    finished: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,7 +227,7 @@ def diagnose(s: Signals, t: Thresholds) -> Verdict:
     used: tuple[str, ...]
     if s.gpu_down is not None:
         verdict, used = "gpu_down", ()
-    elif s.progressing is False or s.progressing is None:
+    elif (s.progressing is False or s.progressing is None) and not s.finished:
         verdict = "stalled" if ev["utilization_idle"].met is False else "idle"
         used = ("utilization_idle",)
     else:

@@ -53,6 +53,7 @@ class Rates:
     # the allocator's retries and OOMs within the window; None when the rank does not report them
     alloc_retries: float | None = None
     ooms: float | None = None
+    finished: bool = False  # the rank sent its final report
 
 
 def measure(view: RankView, now: float, window: float) -> Rates:
@@ -67,6 +68,7 @@ def measure(view: RankView, now: float, window: float) -> Rates:
     last = max((p.updated or 0.0 for p in progress), default=None)
     stall_after = max(STALL_FLOOR, STALL_STEPS * (step_time or 0.0))
     progressing = last is not None and clock - last <= stall_after
+    final = view.report.final
     if span is None:
         return Rates(
             progressing,
@@ -75,9 +77,10 @@ def measure(view: RankView, now: float, window: float) -> Rates:
             phase_ratios=ratios,
             alloc_retries=retries,
             ooms=ooms,
+            finished=final,
         )
     if not progressing:
-        return Rates(False, span, 0.0, 0.0, 0.0, 0.0, step_time, ratios, retries, ooms)
+        return Rates(False, span, 0.0, 0.0, 0.0, 0.0, step_time, ratios, retries, ooms, final)
     s = span.seconds
     return Rates(
         True,
@@ -90,6 +93,7 @@ def measure(view: RankView, now: float, window: float) -> Rates:
         ratios,
         retries,
         ooms,
+        final,
     )
 
 

@@ -30,6 +30,9 @@ BUSY = {"utilization": 0.98, "sm_active": 0.9, "tensor_active": 0.6, "dram_activ
         (Signals(progressing=False, utilization=0.0), "idle"),
         (Signals(progressing=None), "idle"),
         (Signals(progressing=False, utilization=1.0), "stalled"),
+        # a finished run is judged by its window, not called stalled for the seconds its totals linger
+        (Signals(progressing=False, utilization=0.3, data_wait_share=0.5, finished=True), "input"),
+        (Signals(progressing=False, utilization=0.12, finished=True), "undetermined"),
         (Signals(progressing=True, utilization=0.4, data_wait_share=0.35), "input"),
         (Signals(progressing=True, data_wait_share=0.35), "input"),  # no GPU data: the share decides
         (Signals(progressing=True, utilization=0.6, communication_share=0.45), "communication"),
