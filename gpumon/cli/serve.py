@@ -244,6 +244,12 @@ def _access(settings: Settings) -> Guard | None:
         )
     if not web.http2:
         log.debug("http_server_config.http2: false (gpumon serves HTTP/1.1 in any case)")
+    if any(name.lower() == "content-security-policy" for name, _ in web.headers):
+        log.warning(
+            "web config %s sets a Content-Security-Policy header: browsers enforce it beside the node page's "
+            "own, and one stricter than the page's stops the page at / drawing (docs/deploy.md)",
+            web.path,
+        )
     return Guard(web, ctx)
 
 

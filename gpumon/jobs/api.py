@@ -206,24 +206,31 @@ def router(
     """GET /v1/jobs, /v1/jobs/{job}, /v1/history/{job} and /v1/baselines."""
     api = APIRouter()
 
-    @api.get("/v1/jobs", summary="Jobs reporting to this node: rates, MFU, verdict")
-    def jobs() -> Response:
-        return JSONResponse(
-            {
-                "window_seconds": analysis.window,
-                "jobs": [
-                    {
-                        "job": j.job,
-                        "ranks_on_node": len(j.ranks),
-                        "tokens_per_second": j.tokens_per_second,
-                        "mfu": j.mfu,
-                        "bottleneck": j.verdict.bottleneck,
-                        "summary": j.verdict.summary,
-                    }
-                    for j in analysis.jobs()
-                ],
+    @api.get(
+        "/v1/jobs",
+        summary="Jobs reporting to this node: rates, MFU, verdict (detail=true: each job's full document)",
+    )
+    def jobs(detail: bool = False) -> Response:
+        out = []
+        for j in analysis.jobs():
+            entry: dict[str, Any] = {
+                "job": j.job,
+                "ranks_on_node": len(j.ranks),
+                "tokens_per_second": j.tokens_per_second,
+                "mfu": j.mfu,
+                "bottleneck": j.verdict.bottleneck,
+                "summary": j.verdict.summary,
             }
-        )
+            if detail:  # what /v1/jobs/{job} answers, for every job in one request (the node page)
+                entry["detail"] = _job_document(j)
+            out.append(entry)
+        return JSONResponse({"window_seconds": analysis.window, "jobs": out})
+
+    def _job_document(found: Any) -> dict[str, Any]:
+        doc = job_json(found, analysis.window)
+        if library is not None:
+            doc["baseline"] = baseline_json(against(found, library.library()))
+        return doc
 
     @api.get(
         "/v1/jobs/{job:path}",
@@ -233,10 +240,7 @@ def router(
     def job(job: str) -> Response:
         found = analysis.jobs(only=job)
         if found:
-            doc = job_json(found[0], analysis.window)
-            if library is not None:
-                doc["baseline"] = baseline_json(against(found[0], library.library()))
-            return JSONResponse(doc)
+            return JSONResponse(_job_document(found[0]))
         return JSONResponse(
             {"detail": f"no job {reports.show(job)} reports to this node (GET /v1/jobs lists those that do)"},
             status_code=404,

@@ -33,6 +33,7 @@ from gpumon.web.webconfig import WebConfig
 log = logging.getLogger("gpumon.access")
 
 OPEN_PATHS = frozenset({"/healthz", "/readyz", REPORT_PATH})
+PAGE_HEADER = b"x-gpumon-page"  # sent by the node page's scripts with each request (assets/poll.js)
 RELOAD_CHECK_SECONDS = 1.0
 MAX_CACHED_LOGINS = 256
 MAX_AUTHORIZATION_BYTES = 4096  # refused before decoding: nobody's user name and password are longer
@@ -187,13 +188,18 @@ class Access:
                 send, 429, "too many requests (the web config's rate_limit)", [(b"retry-after", retry)]
             )
             return
-        authorization = dict(scope["headers"]).get(b"authorization")
-        if not await guard.authorized(authorization):
+        request_headers = dict(scope["headers"])
+        if not await guard.authorized(request_headers.get(b"authorization")):
+            # the node page's own requests get no challenge: a browser would answer it with a sign-in prompt
+            # that a fetch waits on (forever, headless), where the page should say 401 and how to sign in
+            challenge = (
+                [] if request_headers.get(PAGE_HEADER) else [(b"www-authenticate", b'Basic realm="gpumon"')]
+            )
             await _answer(
                 send,
                 401,
                 "unauthorized: this gpumon requires basic auth (basic_auth_users in its web config)",
-                [(b"www-authenticate", b'Basic realm="gpumon"')],
+                challenge,
             )
             return
         await self.app(scope, receive, send)

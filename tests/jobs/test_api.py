@@ -362,3 +362,17 @@ def test_the_allocator_view_beside_the_estimate_in_the_api_and_diagnose(node) ->
     assert "memory: 60.0 GiB allocated (peak 74.0 GiB), 76.0 GiB reserved" in out.stdout
     assert "estimate (ZeRO 0, micro-batch 1): 102.0 GiB = weights 12.6 GiB + gradients 12.6 GiB" in out.stdout
     assert "optimizer states 75.3 GiB" in out.stdout and "ZeRO stage 1 would need" in out.stdout
+
+
+def test_the_job_list_with_detail_holds_each_jobs_document(node) -> None:
+    """/v1/jobs?detail=true: every job's /v1/jobs/{job} document in one request (the node page's refresh)."""
+    for job in ("a", "b"):
+        assert post(node, now_report(10, job=job)).status_code == 204
+    listed = node.get("/v1/jobs", params={"detail": "true"}).json()["jobs"]
+    assert [j["job"] for j in listed] == ["a", "b"]
+    for entry in listed:
+        one = node.get(f"/v1/jobs/{entry['job']}").json()
+        assert entry["detail"].keys() == one.keys() and entry["detail"]["job"] == entry["job"]
+        assert entry["detail"]["ranks"][0]["rank"] == one["ranks"][0]["rank"]
+    assert all("detail" not in j for j in node.get("/v1/jobs").json()["jobs"])
+    assert node.get("/v1/jobs", params={"detail": "maybe"}).status_code == 422

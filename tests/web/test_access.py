@@ -670,3 +670,17 @@ def test_the_shipped_example_parses() -> None:
     config = webconfig.load(str(example))
     assert config.tls is not None and config.tls.min_version == "TLS12"
     assert list(config.users) == ["prometheus"]
+
+
+def test_a_content_security_policy_in_the_web_config_is_warned_about(tmp_path: Path, caplog) -> None:
+    """Both policies are enforced, so one stricter than the node page's stops it drawing (found by review)."""
+    import logging
+
+    from gpumon.cli.serve import _access
+    from gpumon.config import Settings
+
+    headers = {"Content-Security-Policy": "default-src 'self'"}
+    path = write(tmp_path / "web.yml", {"http_server_config": {"headers": headers}})
+    with caplog.at_level(logging.WARNING, logger="gpumon"):
+        _access(Settings(web_config=str(path)))
+    assert "sets a Content-Security-Policy header" in caplog.text and "node page" in caplog.text

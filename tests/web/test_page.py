@@ -347,3 +347,29 @@ def test_the_page_loads_with_the_browsers_basic_auth_credentials(chrome, guarded
     assert status(chrome).startswith("live · sample "), status(chrome)
     assert len(texts(chrome, "#gpu-rows > tr")) == 2
     assert problems(chrome) == []
+
+
+@pytest.mark.slow
+def test_a_password_revoked_mid_session_shows_as_401_at_the_next_refresh(chrome, tmp_path) -> None:
+    """Found by review: the daemon's 401 carried a challenge, which a browser answers with a sign-in prompt
+    that the page's fetch waits on (forever, headless): the page said "no answer in time", never 401. Its
+    own requests now get the 401 without a challenge."""
+    config = tmp_path / "web.yml"
+    config.write_text(json.dumps({"basic_auth_users": {"alice": HASH}}))
+    d = start_daemon("--simulate", "1xH100-SXM", "--interval", "200ms", "--web-config", str(config))
+    try:
+        open_page(
+            chrome, d.url.replace("http://", f"http://alice:{quote(PASSWORD, safe='')}@") + "/?refresh=0.5"
+        )
+        wait_for("live", lambda: status(chrome).startswith("live"))
+        config.write_text(json.dumps({"basic_auth_users": {"bob": HASH}}))  # alice's password is revoked
+        wait_for("the 401", lambda: "401 unauthorized: reload the page" in status(chrome), timeout=8)
+        assert len(texts(chrome, "#gpu-rows > tr")) == 1  # the last data stays
+        assert problems(chrome, allow_network=True) == []
+        page_request = d.client.get("/v1/gpus", headers={"X-Gpumon-Page": "1"})
+        assert page_request.status_code == 401 and "www-authenticate" not in page_request.headers
+        assert (
+            d.client.get("/v1/gpus").headers["www-authenticate"] == 'Basic realm="gpumon"'
+        )  # others: as ever
+    finally:
+        d.stop()

@@ -78,10 +78,10 @@ class FakeNode:
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def serve(self, gpus: dict[str, Any], jobs: dict[str, Any], details: dict[str, Any]) -> None:
+        """/v1/jobs as the page asks for it (?detail=true): each job's detail document in its entry."""
         self.answers["/v1/gpus"] = (200, gpus)
-        self.answers["/v1/jobs"] = (200, jobs)
-        for name, doc in details.items():
-            self.answers["/v1/jobs/" + name] = (200, doc)
+        listed = [{**j, "detail": details[j["job"]]} if j["job"] in details else j for j in jobs["jobs"]]
+        self.answers["/v1/jobs"] = (200, {**jobs, "jobs": listed})
 
     def close(self) -> None:
         self.server.shutdown()
@@ -234,8 +234,10 @@ def test_a_failed_refresh_says_what_failed_and_keeps_the_last_data(browser, fake
     assert browser.find_element("id", "jobs").get_attribute("class") == "stale"
     assert len(texts(browser, "#job-rows a.job-name")) == 2
 
-    fake.answers["/v1/jobs"] = (200, real["jobs"])
-    fake.answers["/v1/jobs/beta"] = (404, {"detail": "no job beta reports to this node"})  # it just ended
+    fake.serve(real["gpus"], real["jobs"], real["details"])
+    jobs = fake.answers["/v1/jobs"][1]
+    ended = [j for j in jobs["jobs"] if j["job"] != "beta"]
+    fake.answers["/v1/jobs"] = (200, {**jobs, "jobs": ended})
     wait_for("beta gone", lambda: texts(browser, "#job-rows a.job-name") == ["alpha"])
     assert status(browser).startswith("live")
     assert browser.find_element("id", "jobs").get_attribute("class") == ""

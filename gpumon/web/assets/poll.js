@@ -1,6 +1,6 @@
 "use strict";
 // The refresh loop: every few seconds (?refresh=SECONDS) read /v1/gpus and, where the daemon tracks jobs,
-// /v1/jobs and each job's detail; redraw; and say in the status line when the answers are stale. A failed
+// /v1/jobs with each job's detail; redraw; and say in the status line when the answers are stale. A failed
 // refresh keeps the last data drawn, and nothing is ever thrown to the console.
 (() => {
   const { isNum, clock, duration } = gpumonKit;
@@ -29,7 +29,9 @@
     try {
       let response;
       try {
-        const headers = { Accept: "application/json" };
+        // X-Gpumon-Page: a 401 comes without a challenge, so the browser shows no sign-in prompt that
+        // this fetch would wait on; the page says 401 instead (gpumon/web/guard.py)
+        const headers = { Accept: "application/json", "X-Gpumon-Page": "1" };
         response = await fetch(ORIGIN + path, { signal: abort.signal, cache: "no-store", headers });
       } catch (e) {
         throw new ApiError(0, e && e.name === "AbortError" ? "no answer in time" : "daemon unreachable");
@@ -67,20 +69,11 @@
   }
 
   async function loadJobs() {
-    const list = await getJSON("/v1/jobs");
+    // one request for every job's detail: a refresh is two requests however many jobs there are, which
+    // matters under the web config's rate limit
+    const list = await getJSON("/v1/jobs?detail=true");
     if (!list || !Array.isArray(list.jobs)) throw new ApiError(0, "the answer is not a list of jobs");
-    const details = await Promise.all(
-      list.jobs.map((j) =>
-        getJSON("/v1/jobs/" + encodeURIComponent(String(j.job))).catch((e) =>
-          e.status === 404 ? "gone" : null,
-        ),
-      ),
-    );
-    // a job that ended between the two requests (404) is left out; one whose detail failed otherwise keeps
-    // the list's figures
-    const jobs = list.jobs
-      .map((summary, i) => ({ summary, detail: details[i] }))
-      .filter((j) => j.detail !== "gone");
+    const jobs = list.jobs.map((summary) => ({ summary, detail: summary.detail || null }));
     jobs.sort((a, b) => String(a.summary.job).localeCompare(String(b.summary.job)));
     return { window: list.window_seconds, jobs };
   }
