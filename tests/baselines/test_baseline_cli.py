@@ -158,6 +158,7 @@ def library_of(*names: str) -> B.Library:
     return B.Library(tuple(B.Baseline(n, B.Key(n, *key), figures) for n in names))
 
 
+@pytest.mark.slow
 def test_a_write_never_goes_where_the_daemon_points_without_being_told(node: Node, tmp_path: Path) -> None:
     # whoever listens on the daemon's port answers GET /v1/baselines with a path; a root `gpumon baseline
     # delete` that wrote there would let any local user choose the file root overwrites

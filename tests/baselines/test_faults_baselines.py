@@ -238,6 +238,7 @@ def test_a_writer_killed_at_any_point_of_a_write_leaves_the_old_or_the_new_libra
     assert outcomes == {"old", "new"}  # killed both before and after the rename
 
 
+@pytest.mark.slow
 def test_a_gpumon_baseline_import_killed_mid_write_loses_nothing_committed(tmp_path: Path) -> None:
     """The same through the real command, killed just before and just after the rename commits it."""
     src = tmp_path / "fleet.toml"
@@ -449,6 +450,7 @@ def test_a_real_gpumon_baseline_process_refuses_a_corrupted_library_without_a_tr
         assert snapshot(lib) == before
 
 
+@pytest.mark.slow
 def test_an_unreadable_library_is_refused_in_one_line_by_readers_and_writers(tmp_path: Path) -> None:
     lib, src = tmp_path / "baselines.toml", tmp_path / "fleet.toml"
     B.save(str(lib), library(("a", 1)))

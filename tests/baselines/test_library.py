@@ -122,6 +122,7 @@ def _add(path: str, name: str, gpus: int) -> None:
         box[0], _ = box[0].put(base(name, B.Key("w", H100, gpus, "bf16", "")))
 
 
+@pytest.mark.slow
 def test_concurrent_writers_do_not_lose_each_others_entries(tmp_path: Path) -> None:
     path = str(tmp_path / "b.toml")
     ctx = multiprocessing.get_context("spawn")

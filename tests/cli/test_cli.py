@@ -129,6 +129,7 @@ def test_snapshot_json_is_the_v1_gpus_document() -> None:
     assert gpu["capabilities"]["fan"] == "not_supported"
 
 
+@pytest.mark.slow
 def test_snapshot_shows_a_down_gpu() -> None:
     result = run_gpumon("snapshot", "--simulate", "2xH100-SXM", "--sim-fault", "lost:1@0.0+60")
     assert result.returncode == 0, result.stderr
@@ -164,6 +165,7 @@ def test_doctor_json() -> None:
     assert any("simulated" in a for a in doc["advice"])
 
 
+@pytest.mark.slow
 def test_doctor_reports_events_gpm_dcgm_and_mig() -> None:
     result = run_gpumon("doctor", "--simulate", "1xH100-SXM,1xL4")
     assert result.returncode == 0, result.stderr

@@ -490,6 +490,7 @@ def test_unix_socket_stays_plain_http_without_a_password(tls_daemon: TlsDaemon) 
         assert report.status_code == 401  # the ingest token still applies on the socket
 
 
+@pytest.mark.slow
 def test_cli_reads_the_daemon_with_credentials_in_the_url(tls_daemon: TlsDaemon) -> None:
     env = {"SSL_CERT_FILE": str(tls_daemon.certs.ca)}
     good = tls_daemon.url.replace("https://", f"https://prom:{PASSWORD.replace(' ', '%20')}@")
@@ -503,6 +504,7 @@ def test_cli_reads_the_daemon_with_credentials_in_the_url(tls_daemon: TlsDaemon)
     assert r.returncode == 1 and "requires basic auth" in r.stderr and "wrong" not in r.stderr
 
 
+@pytest.mark.slow
 def test_client_certificates(tmp_path: Path, certs: Certs) -> None:
     d = TlsDaemon(
         tmp_path,
@@ -557,6 +559,7 @@ def test_renewed_certificate_and_new_users_apply_without_restart(tmp_path: Path,
         d.daemon.stop()
 
 
+@pytest.mark.slow
 def test_rate_limit_over_http(tmp_path: Path, certs: Certs) -> None:
     d = TlsDaemon(tmp_path, certs, {"rate_limit": {"interval": "1m", "burst": 2}})
     try:
