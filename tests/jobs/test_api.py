@@ -190,6 +190,7 @@ def _outside_address() -> str | None:
     return None if addr.startswith("127.") else addr
 
 
+@pytest.mark.slow
 def test_reports_from_another_host_are_refused_unless_allowed(daemon) -> None:
     addr = _outside_address()
     if addr is None:
@@ -286,6 +287,7 @@ def test_an_impostor_with_the_live_incarnation_cannot_freeze_it_in_silence(node)
     assert outcomes[(("outcome", "duplicate"),)] == 0
 
 
+@pytest.mark.slow
 def test_gpumon_estimate_compares_with_what_a_running_job_uses(node) -> None:
     from support.helpers import run_gpumon
 

@@ -5,18 +5,22 @@ from __future__ import annotations
 import re
 import subprocess
 import time
+from collections.abc import Iterator
 
 import pytest
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as openmetrics_families
 from prometheus_client.parser import text_string_to_metric_families
-from support.helpers import require_tool
+from support.helpers import Daemon, require_tool, start_daemon
 
 FULL_NODE = "2xH100-SXM,1xA100,1xRTX-A6000"  # between them, every quantity gpumon exports
 
 
-@pytest.fixture
-def node(daemon):
-    return daemon("--simulate", FULL_NODE, "--interval", "200ms")
+@pytest.fixture(scope="module")
+def node() -> Iterator[Daemon]:
+    """One daemon for the tests that only read from it: a daemon's start is most of such a test's time."""
+    d = start_daemon("--simulate", FULL_NODE, "--interval", "200ms")
+    yield d
+    d.stop()
 
 
 def family_names(text: str) -> set[str]:
