@@ -131,8 +131,7 @@ def _record(path: str, args: argparse.Namespace) -> int:
     # no warm-up to skip is a fair answer (the daemon started long after the job did)
     warmup = 0.0 if args.warmup.strip() in ("0", "0s", "0m", "0ms") else parse_duration(args.warmup, "warmup")
     url = args.url or default_url()
-    job_path(args.job)  # the empty-name check
-    get_json(
+    get_json(  # the job exists (job_path: the empty-name check)
         url,
         job_path(args.job),
         missing=f"no job {args.job!r} reports to the daemon at {display_url(url)} (gpumon diagnose lists "

@@ -60,7 +60,7 @@ class ProcessResolver:
             # present but unreadable (hidepid=1, say): nothing to key a cache entry on, so read what we can
             self._cache.pop(pid, None)
             return self._read_owner_or_none(pid)
-        start = _start_time(stat)
+        start = start_time(stat)
         if start is None:
             self._cache.pop(pid, None)
             return None
@@ -112,7 +112,7 @@ class ProcessResolver:
             stat = self._read(pid, "stat")
         except _Vanished:
             return None
-        return _start_time(stat) if stat is not None else None
+        return start_time(stat) if stat is not None else None
 
     def _read(self, pid: int, name: str) -> bytes | None:
         """The file's bytes; None if it cannot be read; _Vanished if the process is gone."""
@@ -130,7 +130,7 @@ class ProcessResolver:
             return None
 
     def _user(self, status: bytes | None) -> str | None:
-        uid = _real_uid(status) if status else None
+        uid = real_uid(status) if status else None
         if uid is None:
             return None
         name = self._users.get(uid)
@@ -143,14 +143,14 @@ class ProcessResolver:
         return name
 
 
-def _start_time(stat: bytes) -> int | None:
+def start_time(stat: bytes) -> int | None:
     try:
         return int(stat[stat.rindex(b")") + 1 :].split()[_STARTTIME_AFTER_COMM])
     except (ValueError, IndexError):
         return None
 
 
-def _real_uid(status: bytes) -> int | None:
+def real_uid(status: bytes) -> int | None:
     for line in status.splitlines():
         if line.startswith(b"Uid:"):
             fields = line.split()

@@ -52,6 +52,11 @@ class SimModel:
     pci_device_id: int = 0  # nvmlPciInfo_t.pciDeviceId, device id << 16 | 0x10DE
 
     @property
+    def process_bytes(self) -> int:
+        """HBM processes can hold: the board's memory less what the driver reserves."""
+        return (self.memory_mib - self.reserved_mib) * MiB
+
+    @property
     def nvenc(self) -> bool:
         """Video encoders: the graphics-derived boards have them; the compute parts (A100, Hopper, Blackwell
         datacenter) carry decoders only."""

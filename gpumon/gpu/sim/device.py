@@ -33,8 +33,9 @@ class SimProcess:
     start_ticks: int = 1000
     gpu_instance: int = NO_INSTANCE
     compute_instance: int = NO_INSTANCE
-    synthetic: bool = True  # made up by the simulator; False: a real process driving the GPU (driven.py)
-    pod: str | None = None  # the Kubernetes pod it runs in, for the simulated kubelet (Kubernetes jobs only)
+    # the Kubernetes pod it runs in, for the simulated kubelet: simulated Kubernetes jobs only (a real process
+    # driving a GPU, driven.py, has none: its pod is the real kubelet's to say)
+    pod: str | None = None
 
 
 class SimMigDevice:

@@ -29,9 +29,10 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
+from gpumon.gpu.attribution.proc import real_uid, start_time
 from gpumon.gpu.sim.catalog import MiB
 from gpumon.gpu.sim.device import SimGpu, SimProcess
 from gpumon.gpu.sim.dynamics import ALLREDUCE, CHECKPOINT, COMPUTE, DATA_WAIT, MIXED, Job, Workload
@@ -169,8 +170,7 @@ class DrivenWorkload:
         self.driver = driver
         self.index = index
         self.fallback = fallback
-        model = driver._gpus[index].model
-        self._total = (model.memory_mib - model.reserved_mib) * MiB  # what processes can hold (dynamics')
+        self._total = driver._gpus[index].model.process_bytes
 
     def _used(self, procs: list[_Process]) -> dict[int, int]:
         """HBM per pid: its context once, and the larger allocator figure where one pid reports twice (two
@@ -181,9 +181,14 @@ class DrivenWorkload:
         return used
 
     def _job(self, procs: list[_Process]) -> Job:
-        used = sum(self._used(procs).values())
-        comm = sum(p.shares.get(ALLREDUCE, 0.0) for p in procs) / len(procs)
-        return Job(-1, 0.0, math.inf, 0.0, 1.0, comm, min(1.0, used / self._total))
+        """The driving processes as one job: the mean of their phase shares (several may share a GPU), the
+        HBM they hold."""
+        shares: dict[str, float] = {}
+        for p in procs:
+            for phase, share in p.shares.items():
+                shares[phase] = shares.get(phase, 0.0) + share / len(procs)
+        fill = min(1.0, sum(self._used(procs).values()) / self._total)
+        return Job(-1, 0.0, math.inf, 0.0, 1.0, shares.get(ALLREDUCE, 0.0), fill, shares)
 
     def job_at(self, t: float) -> Job | None:
         procs = self.driver.active(self.index)
@@ -194,15 +199,9 @@ class DrivenWorkload:
         return (MIXED, self._job(procs)) if procs else self.fallback.phase(t)
 
     def shares(self) -> dict[str, float]:
-        """The mean of the driving processes' phase shares (several processes may share a GPU)."""
+        """The phase shares the GPU shows now (all compute when nothing drives it)."""
         procs = self.driver.active(self.index)
-        if not procs:
-            return {COMPUTE: 1.0}
-        out: dict[str, float] = {}
-        for p in procs:
-            for phase, share in p.shares.items():
-                out[phase] = out.get(phase, 0.0) + share / len(procs)
-        return out
+        return dict(self._job(procs).shares or {}) if procs else {COMPUTE: 1.0}
 
     def processes(self, util: float, mem_util: float) -> list[SimProcess] | None:
         """The driving processes as NVML lists them, or None when nothing drives this GPU."""
@@ -215,11 +214,7 @@ class DrivenWorkload:
             if p.pid not in used:
                 continue  # listed once, however many of its Reporters drive this GPU
             who = self.driver.identity(p)
-            out.append(
-                SimProcess(
-                    p.pid, used.pop(p.pid), util, mem_util, who.name, who.uid, who.cgroup, {}, who.start_ticks
-                )
-            )
+            out.append(replace(who, used_memory=used.pop(p.pid), sm_util=util, mem_util=mem_util))
         return out
 
 
@@ -239,27 +234,26 @@ def _shares(spent: Mapping[str, float], wall: float) -> dict[str, float]:
 
 
 def _read_identity(folder: str, pid: int) -> SimProcess:
-    """Name, user, cgroup and start time of a real process (synthetic=False: not one the simulator made)."""
-    who = SimProcess(pid, 0, name="python", synthetic=False)
+    """Name, user, cgroup and start time of a real process, by attribution's own readers of /proc."""
+    who = SimProcess(pid, 0, name="python")
 
-    def read(name: str) -> str | None:
+    def read(name: str) -> bytes:
         try:
-            with open(os.path.join(folder, name), encoding="utf-8", errors="replace") as fh:
+            with open(os.path.join(folder, name), "rb") as fh:
                 return fh.read(65536)
         except OSError:
-            return None
+            return b""
 
-    comm = read("comm")
-    if comm and comm.strip():
-        who.name = comm.strip()[:64]
-    for line in (read("status") or "").splitlines():
-        if line.startswith("Uid:") and len(line.split()) > 1 and line.split()[1].isdigit():
-            who.uid = int(line.split()[1])
+    comm = read("comm").decode(errors="replace").strip()
+    if comm:
+        who.name = comm[:64]
+    uid = real_uid(read("status"))
+    if uid is not None:
+        who.uid = uid
     cgroup = read("cgroup")
     if cgroup:
-        who.cgroup = cgroup
-    stat = read("stat") or ""
-    fields = stat[stat.rfind(")") + 2 :].split()
-    if len(fields) > 19 and fields[19].isdigit():
-        who.start_ticks = int(fields[19])
+        who.cgroup = cgroup.decode(errors="replace")
+    start = start_time(read("stat"))
+    if start is not None:
+        who.start_ticks = start
     return who

@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-from gpumon.gpu.sim.catalog import MiB, SimModel
+from gpumon.gpu.sim.catalog import SimModel
 from gpumon.gpu.types import THROTTLE_REASONS
 
 DT = 0.1  # seconds per simulation step
@@ -73,12 +73,14 @@ class Job:
     step_seconds: float
     allreduce_fraction: float
     fill_ratio: float  # share of HBM the job ends up holding
+    # a MIXED phase's share of time in each phase (driven.py); None for jobs that are in one phase at a time
+    shares: Mapping[str, float] | None = None
 
 
 class Workload(Protocol):
     """What a GPU runs: nothing (IdleWorkload), the node's job sequence (NodeWorkload), one simulated job
-    (jobs.SimJob), or what SDK processes report (driven.DrivenWorkload). A workload whose phase is MIXED
-    also says the share of each phase (``shares``)."""
+    (jobs.SimJob), or what SDK processes report (driven.DrivenWorkload). A MIXED phase's job carries the
+    share of each phase (``Job.shares``)."""
 
     def job_at(self, t: float) -> Job | None: ...
     def phase(self, t: float) -> tuple[str, Job | None]: ...
@@ -240,7 +242,7 @@ _PHASE_ACTIVITY = {
 }
 
 
-def _blend(table: Mapping[str, tuple[float, ...]], shares: dict[str, float]) -> tuple[float, ...]:
+def _blend(table: Mapping[str, tuple[float, ...]], shares: Mapping[str, float]) -> tuple[float, ...]:
     """A phase table's row for a GPU that spends ``shares`` of its time in each phase (shares sum to 1)."""
     rows = [(table[phase], share) for phase, share in shares.items()]
     return tuple(sum(row[i] * share for row, share in rows) for i in range(len(table[IDLE])))
@@ -267,7 +269,7 @@ class TrainingDynamics:
         self.rng = random.Random(_mix(seed, index, 0xD1CE))
         self.steps = 0
         self.thermal_left = 0.0
-        self.total_bytes = model.memory_mib * MiB - model.reserved_mib * MiB
+        self.total_bytes = model.process_bytes
 
     def advance_to(self, t: float) -> None:
         dt = self.dt
@@ -279,9 +281,8 @@ class TrainingDynamics:
     def _step(self, t: float) -> None:
         m, s, rng, dt = self.model, self.state, self.rng, self.dt
         phase, job = self.workload.phase(t)
-        if phase == MIXED:
-            shares: dict[str, float] = self.workload.shares()  # type: ignore[attr-defined]
-            loads, activity = _blend(_PHASE_LOAD, shares), _blend(_PHASE_ACTIVITY, shares)
+        if phase == MIXED and job is not None and job.shares is not None:
+            loads, activity = _blend(_PHASE_LOAD, job.shares), _blend(_PHASE_ACTIVITY, job.shares)
         else:
             loads, activity = _PHASE_LOAD[phase], _PHASE_ACTIVITY[phase]
         power_share, util, mem_util, nvl_share, rx_rate, tx_rate = loads

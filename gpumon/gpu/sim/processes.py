@@ -125,7 +125,7 @@ class SimProcesses:
         owners: dict[str, PodOwner] = {}
         for gpu in self.gpus:
             for p in self.processes(gpu):
-                if p.synthetic and p.pod is not None:  # a real process's pod is the kubelet's to say
+                if p.pod is not None:
                     owners[gpu.uuid] = PodOwner("ml-train", p.pod, "trainer")
         return MappingProxyType(owners)
 
