@@ -56,7 +56,6 @@ def _truth(first: list[dict[str, Any]], second: list[dict[str, Any]], popen: flo
     truth["startup"] = steps1[0]["time"] - popen
     truth["restart"] = steps2[0]["time"] - steps1[-1]["time"]
     high = steps1[-1]["step"]
-    stalled = {e["step"] + 1 for e in second if e["event"] == "stall"}
     for events in (first, second):
         opening = next(e["step"] for e in events if e["event"] == "step")
         for e in events:
@@ -69,10 +68,8 @@ def _truth(first: list[dict[str, Any]], second: list[dict[str, Any]], popen: flo
                 continue  # before the process's first step: start-up or restart
             elif kind == "data_wait":
                 truth["data_wait"] += e["seconds"]
-            elif kind == "compute":
-                if step in stalled:
-                    truth["stall"] += e["seconds"]
-                elif events is second and step <= high:
+            elif kind == "compute":  # the step that ends the stall too: it keeps its own length
+                if events is second and step <= high:
                     truth["lost_progress"] += e["seconds"]
                 else:
                     truth["goodput"] += e["seconds"]

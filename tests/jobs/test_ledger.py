@@ -89,7 +89,8 @@ def test_a_gap_far_longer_than_a_step_is_a_stall_from_the_last_step() -> None:
     reports += [rep(T0 + 2 + k, 11, first=T0 + 1, last=T0 + 2) for k in range(1, 26)]
     reports.append(rep(T0 + 27.5, 12, first=T0 + 1, last=T0 + 27.5))
     out = feed(Ledger(), *reports)
-    assert out == pytest.approx({"startup": 1.0, "goodput": 1.0, "stall": 25.5})
+    # the step that ends it keeps its own 0.1 s
+    assert out == pytest.approx({"startup": 1.0, "goodput": 1.1, "stall": 25.4})
 
 
 def test_a_pause_shorter_than_the_threshold_belongs_to_its_step() -> None:
@@ -218,7 +219,8 @@ def test_a_stall_no_report_saw_is_found_in_the_step_histogram() -> None:
     late["step_seconds"]["counts"][P.BUCKETS.index(0.1)] -= 1
     late["step_seconds"]["sum"] = 18 * 0.1 + 30.1
     out = feed(Ledger(), rep(T0 + 1, 1, first=T0 + 1, last=T0 + 1), first, late)
-    assert out == pytest.approx({"startup": 1.0, "stall": 30.1, "goodput": 1.0 + 0.9})
+    # the frozen step keeps its own 0.1 s, like the step that ends a stall the reports saw
+    assert out == pytest.approx({"startup": 1.0, "stall": 30.0, "goodput": 1.0 + 1.0})
 
 
 def test_a_daemon_that_restarts_while_a_rank_loads_does_not_count_its_start_up_again() -> None:
@@ -338,6 +340,102 @@ def test_phase_time_from_before_the_first_step_stays_start_ups() -> None:
     assert out == pytest.approx({"startup": 4.5, "goodput": 1.0})
 
 
+# ---- the edges of a process: its end, its first step, the step that ends a stall (issue 28) -------------
+
+
+def test_a_final_report_classifies_the_time_after_the_last_step() -> None:
+    """A run that ends cleanly (Hugging Face, Lightning: the final report comes after the last step): its
+    closing evaluation is evaluation, and the short wind-down around it is the run's, not held for ever."""
+    ledger, out = run(
+        rep(T0 + 1, 1, first=T0 + 1, last=T0 + 1),
+        rep(T0 + 2, 11, first=T0 + 1, last=T0 + 2),
+        rep(T0 + 3, 11, first=T0 + 1, last=T0 + 2, open_phases={"evaluation": 0.8}),  # from T0 + 2.2
+        rep(T0 + 4, 11, first=T0 + 1, last=T0 + 2, phases={"evaluation": 1.5}),  # ended at T0 + 3.7
+        rep(T0 + 4.5, 11, first=T0 + 1, last=T0 + 2, phases={"evaluation": 1.5}, final=True),
+    )
+    assert out == pytest.approx({"startup": 1.0, "evaluation": 1.5, "goodput": 1.0 + 1.0})
+    assert ledger.view().pending == 0.0
+
+
+def test_a_final_report_long_after_the_last_step_is_a_stall() -> None:
+    """The last step lands in the final report itself, 17 s before it: no report saw the gap, the rule is
+    the same as between steps."""
+    _, out = run(
+        rep(T0 + 1, 1, first=T0 + 1, last=T0 + 1),
+        rep(T0 + 2, 11, first=T0 + 1, last=T0 + 2),
+        rep(T0 + 20, 12, first=T0 + 1, last=T0 + 3, final=True),
+    )
+    assert out == pytest.approx({"startup": 1.0, "goodput": 2.0, "stall": 17.0})
+
+
+def test_a_successor_of_a_finished_process_restarts_from_its_final_report() -> None:
+    """A clean end's trailing second is that process's (goodput); the restart is the gap after its end."""
+    s = T0 + 5
+    _, out = run(
+        rep(T0 + 1, 1, first=T0 + 1, last=T0 + 1),
+        rep(T0 + 2, 11, first=T0 + 1, last=T0 + 2),
+        rep(T0 + 3, 11, first=T0 + 1, last=T0 + 2, final=True),
+        rep(s + 1, 1, first=s + 1, last=s + 1, incarnation="b2", started=s),
+        rep(s + 2, 11, first=s + 1, last=s + 2, incarnation="b2", started=s),
+    )
+    assert out == pytest.approx({"startup": 1.0, "goodput": 2.0 + 1.0, "restart": 3.0})
+
+
+def test_a_killed_process_s_time_after_its_last_step_is_the_restart_s() -> None:
+    """No final report: the step it was working on died with it. Held until the rank is known to have
+    restarted, then booked with the gap; never goodput."""
+    ledger = Ledger()
+    feed(
+        ledger,
+        rep(T0 + 1, 1, first=T0 + 1, last=T0 + 1),
+        rep(T0 + 2, 11, first=T0 + 1, last=T0 + 2),
+        rep(T0 + 5, 11, first=T0 + 1, last=T0 + 2),  # reporting, not stepping; then SIGKILL
+    )
+    assert ledger.view().pending == pytest.approx(3.0)
+    s = T0 + 8
+    out = feed(
+        ledger,
+        rep(s + 1, 1, first=s + 1, last=s + 1, incarnation="b2", started=s),
+        rep(s + 2, 11, first=s + 1, last=s + 2, incarnation="b2", started=s),
+    )
+    assert out == pytest.approx({"startup": 1.0, "goodput": 2.0, "restart": 3.0 + 4.0})
+
+
+def test_a_checkpoint_right_after_the_first_step_is_not_start_up() -> None:
+    """The save starts with the first step; the report that brings that step has it running."""
+    _, out = run(
+        rep(T0 + 0.5, 0),
+        rep(T0 + 1.5, 1, first=T0 + 1, last=T0 + 1, open_phases={"checkpoint": 0.5}),
+        rep(T0 + 2.5, 1, first=T0 + 1, last=T0 + 1, open_phases={"checkpoint": 1.5}),
+        rep(T0 + 3.5, 1, first=T0 + 1, last=T0 + 1, phases={"checkpoint": 2.0}),  # ended at T0 + 3
+        rep(T0 + 4, 11, first=T0 + 1, last=T0 + 4, phases={"checkpoint": 2.0}),
+    )
+    assert out == pytest.approx({"startup": 1.0, "checkpoint": 2.0, "goodput": 1.0})
+
+
+def test_data_waits_of_the_steps_after_the_first_are_not_start_up() -> None:
+    """Six steps in the first report, each after a 0.05 s wait for its batch: only the first wait came
+    before the first step."""
+    _, out = run(
+        rep(T0 + 0.5, 0),
+        rep(T0 + 1.5, 6, first=T0 + 1, last=T0 + 1.5, phases={"data_wait": 0.3}),
+    )
+    assert out == pytest.approx({"startup": 1.0, "data_wait": 0.25, "goodput": 0.25})
+
+
+def test_the_step_that_ends_a_stall_keeps_its_own_length() -> None:
+    """0.1 s steps; a hang from T0 + 2.1 to T0 + 27.4 inside step 12, seen by the reports; then ten more
+    steps. The stall is the hang, not the hung step's even share of the interval that ends it."""
+    p = Process("a1", T0)
+    reports = [p.report(T0 + 0.5)]
+    p.steps_every(T0 + 1, 0.1, 11)
+    reports += p.reports(T0 + 2, T0 + 27)
+    p.steps_every(T0 + 27.5, 0.1, 11)
+    reports.append(p.report(T0 + 28.5))
+    _, out = run(*reports)
+    assert out == pytest.approx({"startup": 1.0, "stall": 25.4, "goodput": 1.0 + 1.1})
+
+
 @pytest.mark.parametrize("seed", range(40))
 def test_random_timelines_put_every_second_in_exactly_one_bucket(seed: int) -> None:
     rng = random.Random(seed)
@@ -359,7 +457,11 @@ def test_random_timelines_put_every_second_in_exactly_one_bucket(seed: int) -> N
                 reports += p.reports(t - 4, t)
         t = p.steps_every(t, rng.uniform(0.05, 3), rng.randint(1, 30)) + rng.uniform(0, 0.5)
         reports.append(p.report(t))
-    run(*reports)
+    final = rng.random() < 0.5
+    if final:  # a clean end, some time after the last step
+        reports.append({**p.report(t + rng.uniform(0, 30)), "final": True})
+    ledger, _ = run(*reports)
+    assert not final or ledger.view().pending == 0.0
 
 
 def test_gone_ranks_are_dropped_after_an_hour_whatever_else_happens() -> None:

@@ -5,21 +5,30 @@ its latest report. Each report moves the ledger from the point it had reached to
 every second of that interval lands in exactly one bucket. Which bucket, when several could apply:
 
 1. Before a process's first step: ``restart`` when an earlier process of the rank came before it (from that
-   process's last step to this one's first), else ``startup`` (from process start to the first step).
+   process's final report, or its last step when it was killed, to this one's first step), else
+   ``startup`` (from process start to the first step). Phase time that arrives in the report with the
+   first step is start-up's as far as the time before that step holds it, but for what the report places
+   after it: a running phase's time since the first step, and the data waits of the later steps.
 2. After it, the badput phases the SDK timed claim their seconds, running ones included (``open_phases``):
    ``checkpoint`` first, then ``evaluation``, then ``data_wait``.
 3. What is left waits for the next step. A step that lands takes it: ``lost_progress`` for a step at or
    below the rank's high-water global step (redone after resuming from an older checkpoint), else
    ``goodput``, less ``slow_steps``: the excess over the job's baseline step time, when it has one.
    No step, beyond the phases, for longer than STALL_STEPS recent mean step times (at least STALL_FLOOR
-   seconds): ``stall``, from the last step on. The recent mean follows the step times of the last minute
-   or so (an exponential average).
+   seconds): ``stall``, from the last step on, less the own length of the step that ends it (and of the
+   steps after it in that report: the recent mean each), which is the step's. The recent mean follows the
+   step times of the last minute or so (an exponential average).
+4. After a process's last step: a final report (a clean end) ends the wait as a step would. What its
+   phases and a stall did not take is goodput: a pause shorter than the threshold, as before a step (a
+   run's wind-down is seconds; its final save and evaluation are phases). A process killed (no final
+   report) died in a step: its time after the last step is held, and is ``restart``'s with the gap when
+   its successor comes; if none comes, it stays held (``pending``).
 
 Counters only grow: a stall is recognised late, so time waiting for a step is held (``pending``) and
 classified when the step lands or the stall is recognised. A stall no report saw (reports far apart, a
-process frozen whole) is found when the step lands, in the step histogram's buckets above the threshold.
-Phase time reported after the fact (``add_phase`` once a save ended) takes back held time, not the next
-step's. Time after the last step of a process that is never followed by another is not counted, and a rank
+process frozen whole) is found when the step lands, in the step histogram's buckets above the threshold;
+the long steps keep their own length (the mean) as the step that ends a seen stall does. Phase time
+reported after the fact (``add_phase`` once a save ended) takes back held time, not the next step's. A rank
 first seen after its first reports (the daemon started later) is accounted from then on. Not thread-safe:
 the job store calls it under its lock.
 """
@@ -138,18 +147,46 @@ class Ledger:
             self.steps_redone += min(self._steps, max(0.0, self._high - self._base))
             self._high = max(self._high, self._base + self._steps)
             left -= before
-            # phase time that arrives with the first step may be from before it, start-up's already
-            budget = before
-            for phase, seconds in _claimable(r).items():
-                absorbed = min(budget, max(0.0, seconds - self._seen.get(phase, 0.0)))
-                self._seen[phase] = self._seen.get(phase, 0.0) + absorbed
-                budget -= absorbed
+            self._absorb_before_first_step(r, before)
         for phase in CLAIMING_PHASES:
             left -= self._claim(phase, r, left)
         self._after_claims(r, left, baseline_step)
+        if r.final:
+            self._end(r)
         self._learn_mean(r)  # after the stall tests, which hold a step to the mean from before it
         self._hist = _histogram(r)
         self._to = r.time
+
+    def _absorb_before_first_step(self, r: Report, before: float) -> None:
+        """Phase time that arrives with the first step may be from before it, start-up's already: as much
+        as the ``before`` seconds hold, but never what the report places after the first step. That is a
+        running phase's time since the first step, and the data waits of the steps after it (one wait per
+        step, evenly, as everywhere in the ledger: only the first step's came before it)."""
+        assert r.anchor_time is not None
+        since_first = max(0.0, r.time - r.anchor_time)
+        steps = max(1.0, r.totals.steps)
+        budget = before
+        for phase, seconds in _claimable(r).items():
+            grown = max(0.0, seconds - self._seen.get(phase, 0.0))
+            after = min(grown, r.open_phases.get(phase, 0.0), since_first)
+            if phase == "data_wait":
+                after += (grown - after) * (steps - 1.0) / steps
+            absorbed = min(budget, grown - after)
+            self._seen[phase] = self._seen.get(phase, 0.0) + absorbed
+            budget -= absorbed
+
+    def _end(self, r: Report) -> None:
+        """A final report: the process ended cleanly, and its time after its last step is its own. Its
+        phases claimed theirs already; the rest is a stall when it was longer than the threshold (a final
+        report long after a last step no report saw), else goodput, like a pause shorter than the threshold
+        before a step (the wind-down of a run is seconds: its final save and evaluation are phases)."""
+        if self._pending <= 0.0:
+            return
+        last = r.updated if r.updated is not None else r.time
+        big, wait = self._claimed
+        self._add("stall" if r.time - last - big - wait > self._stall_after() else "goodput", self._pending)
+        self._pending = 0.0
+        self._stalled = False
 
     def _start(self, r: Report) -> bool:
         """A new process of the rank; True when there is nothing to account yet (first seen mid-run)."""
@@ -225,33 +262,42 @@ class Ledger:
         work = self._pending + left - tail
         self._pending = tail
         self._claimed = (0.0, 0.0)
-        if self._stalled:  # the step that ended the stall: its share of the interval is the stall's too
+        if self._stalled:
             self._stalled = False
-            share = min(work, (left - tail) / max(1.0, steps))
-            self._add("stall", share)
-            work -= share
-            steps -= 1
-            self._steps += 1
-            if steps <= 0:
-                self._high = max(self._high, self._base + self._steps)
-                return
+            if self._mean is not None:
+                # the step that ended the stall took its own length besides the hang, and the steps after
+                # it theirs: the recent mean each (a step's data wait is in it, booked already)
+                stall = max(0.0, work - max(0.0, steps * self._mean - wait))
+            else:  # before the process has a mean step time: the ending step's even share of the interval
+                stall = min(work, (left - tail) / max(1.0, steps))
+            self._add("stall", stall)
+            work -= stall
         else:
             # a stall no report saw (reports far apart, or the whole process frozen): the step histogram
             # still has the long steps
             long_steps, long_time, grown = self._long_steps(r)
             # checkpoints and evaluations are why a step runs long; data waits are every step's, evenly
-            unexplained = long_time - big - (wait * long_steps / grown if grown > 0 else 0.0)
+            each_wait = wait / grown if grown > 0 else 0.0
+            unexplained = long_time - big - long_steps * each_wait
             if long_steps > 0 and unexplained > long_steps * self._stall_after():
-                stall = min(work, unexplained)
+                # the long steps keep their own length, as the step that ends a seen stall does; before the
+                # process has a mean step time that is unknown, and they are the stall's whole
+                own = 0.0 if self._mean is None else long_steps * max(0.0, self._mean - each_wait)
+                stall = min(work, unexplained - own)
                 self._add("stall", stall)
                 work -= stall
-                steps -= long_steps
-                self._steps += long_steps
+                if self._mean is None:
+                    steps -= long_steps
+                    self._steps += long_steps
                 if steps <= 0:
                     self._add("stall", work)
                     self._steps = r.totals.steps
                     self._high = max(self._high, self._base + self._steps)
                     return
+        self._classify(r, work, steps, baseline_step)
+
+    def _classify(self, r: Report, work: float, steps: float, baseline_step: float | None) -> None:
+        """``work`` seconds of ``steps`` steps that landed: redone, slow or goodput."""
         before = self._base + self._steps
         redone = min(steps, max(0.0, self._high - before))
         lost = work * redone / steps
@@ -317,7 +363,11 @@ class Ledger:
         return long_steps, max(floor, (h.sum - total) - others), sum(grown)
 
     def _add(self, cause: str, seconds: float) -> None:
-        if seconds > 0.0:
+        if seconds <= 0.0:
+            return
+        if cause == "goodput":
+            self.goodput += seconds
+        else:
             self.badput[cause] += seconds
 
 
