@@ -1,6 +1,7 @@
 """End to end: the goodput ledger of a real training process (the real SDK, a real daemon) that starts,
 checkpoints, evaluates, is SIGKILLed, restarts from an older checkpoint, redoes steps, stalls and finishes:
-every bucket equals what the loop injected, within 2 % of the run's wall-clock."""
+every bucket equals what the loop injected, each within a report interval or 10 % of itself (one tolerance
+for all, a share of the whole run, would let a half-second bucket go missing unnoticed)."""
 
 from __future__ import annotations
 
@@ -15,12 +16,19 @@ from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from support.goodput_loop import REPORT_INTERVAL
 from support.helpers import ROOT
 
 pytestmark = pytest.mark.slow  # about 30 s of injected time
 
 LOOP = ROOT / "tests" / "support" / "goodput_loop.py"
 JOB = "goodput-e2e"
+
+
+def _tolerance(injected: float) -> float:
+    """A report interval (how late a phase's end or a step is seen), or 10 % of the bucket (timing noise
+    that grows with it: sleeps that overrun, the loop's own bookkeeping in its steps)."""
+    return max(REPORT_INTERVAL, 0.1 * injected)
 
 
 def _events(log: Path) -> list[dict[str, Any]]:
@@ -135,8 +143,12 @@ def test_every_bucket_equals_what_the_loop_injected(daemon, tmp_path: Path) -> N
     truth = _truth(_events(log1), _events(log2), popen)
     served = _served(d.get("/metrics").text)
     wall = end - popen
-    for bucket, injected in truth.items():
-        assert served[bucket] == pytest.approx(injected, abs=0.02 * wall), (bucket, served, truth)
+    off = {
+        bucket: (served[bucket], injected)
+        for bucket, injected in truth.items()
+        if abs(served[bucket] - injected) > _tolerance(injected)
+    }
+    assert not off, f"(served, injected) off by more than their tolerance: {off}"
     assert served["slow_steps"] == 0.0  # no baseline
     assert served["steps_redone"] == 20  # steps 21-40, the first of them in the restart's time
     accounted = sum(v for k, v in served.items() if k != "steps_redone")
