@@ -86,10 +86,19 @@ def render(job: dict[str, Any]) -> str:
         out.append(f"  Goodput: {job['goodput']['summary']}.")
     if d.get("findings"):
         out.append("  Also true: " + ", ".join(f.replace("_", " ") for f in d["findings"]) + ".")
+    for note in d.get("notes") or []:
+        out += textwrap.wrap(f"Note: {note}.", width=100, initial_indent="  ", subsequent_indent="    ")
     out += textwrap.wrap("Advice: " + d["advice"], width=100, initial_indent="  ", subsequent_indent="    ")
     out.append("  Ranks:")
     for r in job.get("ranks", []):
-        gpus = ", ".join(f"GPU {g['index']} {g['name']}" for g in r.get("gpus", [])) or "no GPU known"
+        gpus = (
+            ", ".join(
+                f"GPU {g['index']} {g['name']}"
+                + (f" (shared with {', '.join(g['shared_with'])})" if g.get("shared_with") else "")
+                for g in r.get("gpus", [])
+            )
+            or "no GPU known"
+        )
         rates = r.get("rates", {})
         phases = rates.get("phase_ratios") or {}
         problem = r.get("peak_problem") or "no FLOPs per token reported"

@@ -15,10 +15,13 @@ import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from gpumon.gpu.snapshot import Snapshot
 from gpumon.jobs import peaks
 from gpumon.jobs.diagnosis import Signals, Thresholds, Verdict, diagnose, straggler_scores
+from gpumon.jobs.diagnosis.liveness import Liveness
+from gpumon.jobs.diagnosis.state import SpeedReference, VerdictHold
 from gpumon.jobs.gpus import Found, GpuHistory, GpuWindow, mean, resolve
 from gpumon.jobs.store import JobStore, RankView
 from gpumon.jobs.window import Rates, measure
@@ -34,6 +37,8 @@ class GpuUse:
     window: GpuWindow
     via: str  # device, mig or process
     sharers: int  # ranks on this node using the same GPU (or MIG device)
+    # other jobs on this node using it, and processes NVML lists on it that belong to no rank here
+    shared_with: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +90,7 @@ class Analysis:
         thresholds: Thresholds | None = None,
         peak_override: Mapping[str, float] | None = None,
         clock: Callable[[], float] = time.time,
+        proc: str = "/proc",
     ) -> None:
         self.store = store
         self.source = source
@@ -92,6 +98,9 @@ class Analysis:
         self.peak_override = dict(peak_override or {})  # dtype → FLOP/s per GPU, for GPUs the table lacks
         self.clock = clock
         self.history = GpuHistory()
+        self.liveness = Liveness(proc)
+        self.speeds = SpeedReference()
+        self.holds = VerdictHold()
         self._warned: set[tuple[str, str]] = set()
 
     @property
@@ -113,25 +122,39 @@ class Analysis:
             (v.report.job, v.report.rank): resolve(v.report.devices, v.report.pid, snap) for v in views
         }
         sharers: dict[str, int] = {}
-        for founds in resolved.values():
+        jobs_on: dict[str, set[str]] = {}
+        pids_on: dict[str, set[int]] = {}
+        for (job, _), founds in resolved.items():
             for f in founds:
                 sharers[f.key] = sharers.get(f.key, 0) + 1
-        windows: dict[str, GpuWindow] = {}  # one per GPU (or MIG device), however many ranks share it
+                jobs_on.setdefault(f.key, set()).add(job)
+        for v in views:
+            for f in resolved[(v.report.job, v.report.rank)]:
+                pids_on.setdefault(f.key, set()).add(v.report.pid)
+        windows: dict[tuple[str, float], GpuWindow] = {}  # one per GPU and end, however many ranks share it
         by_job: dict[str, list[RankResult]] = {}
         for v in views:
             if only is not None and v.report.job != only:
                 continue
+            # a finished rank is judged by the window that ended with its last report
+            end = v.received if v.report.final else now
             uses = []
             for f in resolved[(v.report.job, v.report.rank)]:
-                if f.key not in windows:
-                    windows[f.key] = self.history.window(f.status, now, self.window, f.mig)
-                uses.append(GpuUse(windows[f.key], f.via, sharers[f.key]))
+                if (f.key, end) not in windows:
+                    windows[(f.key, end)] = self.history.window(f.status, end, self.window, f.mig)
+                w = windows[(f.key, end)]
+                others = sorted(jobs_on[f.key] - {v.report.job})
+                if v.report.pid in w.pids_now:  # NVML sees this rank's pid: the others it lists are strangers
+                    others += [f"pid {pid}" for pid in sorted(set(w.pids_now) - pids_on[f.key])]
+                uses.append(GpuUse(w, f.via, sharers[f.key], tuple(others)))
             by_job.setdefault(v.report.job, []).append(self._rank(v, tuple(uses), now))
-        return [self._job(job, ranks) for job, ranks in sorted(by_job.items())]
+        if only is None:
+            self.liveness.forget({(v.report.job, v.report.rank, v.report.incarnation) for v in views})
+        return [self._job(job, ranks, now) for job, ranks in sorted(by_job.items())]
 
     def _rank(self, v: RankView, uses: tuple[GpuUse, ...], now: float) -> RankResult:
         r = v.report
-        rates = measure(v, now, self.window)
+        rates = measure(v, v.received if r.final else now, self.window)
         peak = self._peak(v, uses)
         flops = None
         if r.flops_per_token is not None and rates.tokens_per_second is not None:
@@ -141,10 +164,23 @@ class Analysis:
         tpj = None
         if rates.tokens_per_second is not None and watts and len(watts) == len(uses) and sum(watts) > 0:
             tpj = _finite(rates.tokens_per_second / sum(watts))
-        signals = self._signals(rates, uses, mfu)
-        return RankResult(
-            v, rates, uses, peak, flops, mfu, tpj, signals, diagnose(signals, self.thresholds), None
+        exited = None
+        if not r.final and self.liveness.gone(
+            (r.job, r.rank, r.incarnation), r.pid, r.started, r.process_started, now
+        ):
+            exited = f"pid {r.pid} exited or was killed without its final report"
+        signals = self._signals(rates, uses, mfu, r.pid, exited)
+        cost = _cost(rates)
+        slowdown = self.speeds.slowdown(
+            (r.job, r.rank),
+            cost if rates.progressing else None,
+            not signals.throttled_share,
+            now,
+            self.store.baseline_steps.get(r.job) if rates.step_time_seconds is not None else None,
         )
+        signals = dataclasses.replace(signals, slowdown=slowdown[0], slowdown_against=slowdown[1])
+        verdict = diagnose(signals, self.thresholds, lambda raw: self.holds.hold((r.job, r.rank), raw, now))
+        return RankResult(v, rates, uses, peak, flops, mfu, tpj, signals, verdict, None)
 
     def _peak(self, v: RankView, uses: tuple[GpuUse, ...]) -> Peak:
         r = v.report
@@ -182,7 +218,9 @@ class Analysis:
                 dtype,
             )
 
-    def _signals(self, rates: Rates, uses: tuple[GpuUse, ...], mfu: float | None) -> Signals:
+    def _signals(
+        self, rates: Rates, uses: tuple[GpuUse, ...], mfu: float | None, pid: int, exited: str | None
+    ) -> Signals:
         w = [u.window for u in uses]
         nvlink = []
         for g in w:
@@ -191,6 +229,8 @@ class Analysis:
             if g.nvlink_bytes_per_second is not None and capacity:
                 nvlink.append(g.nvlink_bytes_per_second / capacity)
         down = [g for g in w if not g.up]
+        shared = [u for u in uses if u.shared_with]
+        own = [u.window.process_utilization.get(pid) for u in shared]
         return Signals(
             progressing=rates.progressing,
             gpu_down=(f"GPU {down[0].index}: {down[0].down_reason or 'not answering'}" if down else None),
@@ -201,10 +241,17 @@ class Analysis:
             alloc_retries=rates.alloc_retries,
             ooms=rates.ooms,
             finished=rates.finished,
-            **_gpu_signals(w),
+            exited=exited,
+            utilization_now=mean([_own_now(u, pid) for u in uses]),
+            shared_with=tuple(
+                dict.fromkeys(f"{o} (GPU {u.window.index})" for u in shared for o in u.shared_with)
+            ),
+            shared_utilization=mean([u.window.utilization for u in shared]),
+            own_utilization=bool(shared) and all(x is not None for x in own),
+            **_gpu_signals([_attributed(u, pid) for u in uses]),
         )
 
-    def _job(self, job: str, ranks: list[RankResult]) -> JobResult:
+    def _job(self, job: str, ranks: list[RankResult], now: float) -> JobResult:
         scores = straggler_scores(_costs(ranks))
         ranks = [dataclasses.replace(r, straggler=s) for r, s in zip(ranks, scores, strict=True)]
         rates = [r.rates.tokens_per_second for r in ranks]
@@ -216,6 +263,22 @@ class Analysis:
             mfu = sum(f for f in flops if f is not None) / sum(p for p in peak if p)
         sig = [r.signals for r in ranks]
         progressing = [s.progressing for s in sig if s.progressing is not None]
+        shared = [s for s in sig if s.shared_with]
+        exited = [s.exited for s in sig if s.exited]
+        step_times = [r.rates.step_time_seconds for r in ranks]
+        cost = mean(step_times) if all(x is not None for x in step_times) else None
+        if cost is None and known:
+            cost = 1.0 / sum(known) if sum(known) > 0 else None
+        throttled = _max([s.throttled_share for s in sig])
+        slowdown, against = self.speeds.slowdown(
+            (job,),
+            cost if any(progressing) else None,
+            not throttled,
+            now,
+            self.store.baseline_steps.get(job)
+            if cost is not None and all(x is not None for x in step_times)
+            else None,
+        )
         signals = Signals(
             progressing=any(progressing) if progressing else None,
             gpu_down=next((s.gpu_down for s in sig if s.gpu_down), None),
@@ -226,11 +289,20 @@ class Analysis:
             alloc_retries=_sum([s.alloc_retries for s in sig]),
             ooms=_sum([s.ooms for s in sig]),
             finished=all(s.finished for s in sig),
+            # one rank gone is the job's verdict: its peers wait for it in their next collective
+            exited=(f"{len(exited)} of {len(sig)} ranks: {exited[0]}" if len(sig) > 1 else exited[0])
+            if exited
+            else None,
+            utilization_now=mean([s.utilization_now for s in sig]),
+            shared_with=tuple(dict.fromkeys(o for s in shared for o in s.shared_with)),
+            shared_utilization=mean([s.shared_utilization for s in shared]),
+            own_utilization=bool(shared) and all(s.own_utilization for s in shared),
+            slowdown=slowdown,
+            slowdown_against=against,
             **_gpu_signals(sig),
         )
-        return JobResult(
-            job, tuple(ranks), sum(known) if known else None, mfu, signals, diagnose(signals, self.thresholds)
-        )
+        verdict = diagnose(signals, self.thresholds, lambda raw: self.holds.hold((job,), raw, now))
+        return JobResult(job, tuple(ranks), sum(known) if known else None, mfu, signals, verdict)
 
 
 # GPU signals, by how several GPUs (or several ranks) combine: activity averages, pressure is the worst
@@ -238,11 +310,35 @@ _MEANS = ("utilization", "sm_active", "tensor_active", "dram_active")
 _MAXES = ("pcie_utilization", "throttled_share", "memory_used_ratio")
 
 
-def _gpu_signals(items: Sequence[object]) -> dict[str, float | None]:
+def _gpu_signals(items: Sequence[object]) -> dict[str, Any]:
     """The GPU half of Signals from GpuWindows (a rank's GPUs) or from Signals (a job's ranks)."""
     out = {name: mean([getattr(x, name) for x in items]) for name in _MEANS}
     out.update({name: _max([getattr(x, name) for x in items]) for name in _MAXES})
     return out
+
+
+def _attributed(u: GpuUse, pid: int) -> GpuWindow:
+    """The GPU's activity as far as it is this process's: on a GPU shared with other work, its own SM use
+    where NVML samples processes, and nothing of the profiling counters, which cover the whole GPU."""
+    if not u.shared_with:
+        return u.window
+    own = u.window.process_utilization.get(pid)
+    return dataclasses.replace(
+        u.window, utilization=own, sm_active=None, tensor_active=None, dram_active=None
+    )
+
+
+def _own_now(u: GpuUse, pid: int) -> float | None:
+    if u.shared_with and pid in u.window.process_utilization:
+        return u.window.process_utilization[pid]
+    return u.window.utilization_now
+
+
+def _cost(rates: Rates) -> float | None:
+    """Seconds per step, else per token: what throttling would raise."""
+    if rates.step_time_seconds is not None:
+        return rates.step_time_seconds
+    return 1.0 / rates.tokens_per_second if rates.tokens_per_second else None
 
 
 def _finite(x: float) -> float | None:

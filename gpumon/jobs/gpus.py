@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from gpumon.gpu.snapshot import GpuStatus, Snapshot
@@ -28,6 +28,9 @@ THROTTLING = sum(
 # per lane and direction, bytes/s after encoding overhead (gen 1-2: 8b/10b; 3+: 128b/130b; 6: PAM4/FLIT)
 PCIE_LANE = {1: 0.25e9, 2: 0.5e9, 3: 0.985e9, 4: 1.969e9, 5: 3.938e9, 6: 7.563e9}
 MAX_HISTORY = 1024
+# "now" for a GPU: the last few sweeps, not the whole window (a process killed 20 s ago left a GPU whose
+# window still averages busy, while it reads 0 %)
+NOW_SECONDS = 5.0
 
 
 class GpuPoint(NamedTuple):
@@ -44,6 +47,8 @@ class GpuPoint(NamedTuple):
     pcie_rate: float | None  # the busier direction, bytes/s
     pcie_capacity: float | None  # per direction, bytes/s
     throttled: bool | None
+    # (pid, SM use) of each process NVML lists; the use is None where the driver kept no samples
+    procs: tuple[tuple[int, float | None], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +74,10 @@ class GpuWindow:
     nvlink_bytes_per_second: float | None
     pcie_utilization: float | None
     throttled_share: float | None
+    utilization_now: float | None = None  # the last NOW_SECONDS, for "is the GPU busy" questions
+    pids_now: tuple[int, ...] = ()  # the processes NVML lists in the latest sweep
+    # pid -> its mean SM use over the window, where NVML's per-process samples say (shared GPUs)
+    process_utilization: dict[int, float] = field(default_factory=dict)
 
 
 def _point(t: float, r: GpuReading) -> GpuPoint:
@@ -102,6 +111,18 @@ def _point(t: float, r: GpuReading) -> GpuPoint:
         max(pcie) if pcie else None,
         lane * r.pcie_link_width if lane and r.pcie_link_width else None,
         None if r.throttle_reasons is None else bool(r.throttle_reasons & THROTTLING),
+        _procs(r),
+    )
+
+
+def _procs(r: GpuReading) -> tuple[tuple[int, float | None], ...]:
+    """Each listed process's SM use. Where the driver sampled some processes of the GPU, one it did not
+    sample ran no kernel since the last read: 0, not unknown."""
+    procs = r.processes or ()
+    sampled = any(p.sm_utilization_ratio is not None for p in procs)
+    return tuple(
+        (p.pid, p.sm_utilization_ratio if p.sm_utilization_ratio is not None else (0.0 if sampled else None))
+        for p in procs
     )
 
 
@@ -193,6 +214,12 @@ class GpuHistory:
             nvl = _counter_rate(points, "nvlink_bytes")
         pcie = [p.pcie_rate / p.pcie_capacity for p in points if p.pcie_rate is not None and p.pcie_capacity]
         throttled = [p.throttled for p in points if p.throttled is not None]
+        recent = [p for p in points if p.t >= now - NOW_SECONDS] or points[-1:]
+        per_pid: dict[int, list[float]] = {}
+        for p in points:
+            for pid, use in p.procs:
+                if use is not None:
+                    per_pid.setdefault(pid, []).append(use)
         return GpuWindow(
             index=st.info.index,
             uuid=st.info.uuid,
@@ -216,6 +243,9 @@ class GpuHistory:
             nvlink_bytes_per_second=nvl,
             pcie_utilization=sum(pcie) / len(pcie) if pcie else None,
             throttled_share=sum(throttled) / len(throttled) if throttled else None,
+            utilization_now=mean([p.utilization for p in recent]),
+            pids_now=tuple(pid for pid, _ in points[-1].procs) if points else (),
+            process_utilization={pid: sum(v) / len(v) for pid, v in per_pid.items()},
         )
 
 

@@ -94,6 +94,7 @@ def _rank_json(r: RankResult) -> dict[str, Any]:
                 "mig_uuid": u.window.mig_uuid,
                 "mig_profile": u.window.mig_profile,
                 "shared_by_ranks": u.sharers,
+                "shared_with": list(u.shared_with),
                 "utilization": u.window.utilization,
                 "sm_active": u.window.sm_active,
                 "tensor_active": u.window.tensor_active,

@@ -38,7 +38,8 @@ BUSY = {"utilization": 0.98, "sm_active": 0.9, "tensor_active": 0.6, "dram_activ
         (Signals(progressing=True, utilization=0.6, communication_share=0.45), "communication"),
         (Signals(progressing=True, nvlink_utilization=0.85, sm_active=0.3, utilization=0.9), "communication"),
         (Signals(progressing=True, pcie_utilization=0.9, utilization=0.4), "communication"),
-        (Signals(progressing=True, throttled_share=0.8, **BUSY), "throttled"),
+        (Signals(progressing=True, throttled_share=0.8, slowdown=0.2, **BUSY), "throttled"),
+        (Signals(progressing=True, exited="pid 7 is gone", utilization_now=0.0, **BUSY), "exited"),
         (Signals(progressing=True, memory_used_ratio=0.95, utilization=0.8), "memory_capacity"),
         (Signals(progressing=True, utilization=0.95, dram_active=0.8, tensor_active=0.1), "memory_bandwidth"),
         (Signals(progressing=True, **BUSY), "compute"),
@@ -150,3 +151,76 @@ def test_a_busy_gpu_at_its_power_limit_is_not_throttled_but_a_hot_one_is() -> No
         and THROTTLING & bits["sw_thermal"]
     )
     assert diagnose(Signals(progressing=True, throttled_share=0.0, **BUSY), T).bottleneck == "compute"
+
+
+def test_throttling_the_job_does_not_feel_is_a_finding_not_the_verdict() -> None:
+    """A brief thermal excursion (38 % of the window's samples) while the job keeps its speed: compute, with
+    the clock limit noted; the same limit with the job 20 % slower than before: throttled."""
+    kept = diagnose(Signals(progressing=True, throttled_share=0.38, slowdown=0.01, **BUSY), T)
+    assert kept.bottleneck == "compute" and "clocks_limited" in kept.findings
+    assert any("1 % slower than its recent unthrottled speed" in n for n in kept.notes)
+    unknown = diagnose(Signals(progressing=True, throttled_share=0.9, **BUSY), T)
+    assert unknown.bottleneck == "compute" and "no unthrottled speed or baseline" in " ".join(unknown.notes)
+    paid = diagnose(Signals(progressing=True, throttled_share=0.38, slowdown=0.2, **BUSY), T)
+    assert paid.bottleneck == "throttled" and "20 % slower" in paid.summary
+    assert "clocks_limited" not in paid.findings
+
+
+def test_stalled_or_idle_reads_the_gpu_now_not_the_window() -> None:
+    """A process killed 20 s ago left a window that averages 56 % busy while the GPU reads 0 %."""
+    v = diagnose(Signals(progressing=False, utilization=0.56, utilization_now=0.0), T)
+    assert v.bottleneck == "idle" and "utilisation 0 %" in v.summary and "busy" not in v.summary
+    v = diagnose(Signals(progressing=False, utilization=0.2, utilization_now=0.9), T)
+    assert v.bottleneck == "stalled" and "utilisation 90 %" in v.summary
+
+
+def test_an_exited_process_says_so_and_whether_its_gpu_is_idle() -> None:
+    v = diagnose(Signals(progressing=True, exited="pid 7 exited", utilization=0.6, utilization_now=0.0), T)
+    assert v.bottleneck == "exited" and "pid 7 exited" in v.summary and "idle now" in v.summary
+    # a finished process is gone too: it says finished, with its last window's verdict
+    v = diagnose(Signals(progressing=True, exited="pid 7", finished=True, data_wait_share=0.5), T)
+    assert v.bottleneck == "input" and "finished" in v.findings and v.summary.startswith("finished")
+
+
+def test_a_shared_gpu_decides_from_the_jobs_own_signals() -> None:
+    """The README walkthrough: the example waits 68 % on data on a GPU another job keeps 98 % busy. The
+    GPU's activity is not the example's: input-bound, and the sharing said."""
+    walk = Signals(
+        progressing=True, data_wait_share=0.68, shared_with=("llama-70b (GPU 0)",), shared_utilization=0.98
+    )
+    v = diagnose(walk, T)
+    assert v.bottleneck == "input" and "gpu_shared" in v.findings
+    assert any("llama-70b" in n and "not attributable" in n for n in v.notes)
+    # the neighbour: busy GPU, its own phases say it waits on nothing
+    busy = Signals(
+        progressing=True,
+        data_wait_share=0.01,
+        communication_share=0.1,
+        shared_with=("x",),
+        shared_utilization=0.98,
+    )
+    assert diagnose(busy, T).bottleneck == "compute"
+    # nothing of its own to go by: no claim
+    assert diagnose(Signals(progressing=True, shared_with=("x",), shared_utilization=0.98), T).bottleneck == (
+        "undetermined"
+    )
+    # its own NVML per-process use says it is busy itself
+    own = Signals(
+        progressing=True, utilization=0.95, own_utilization=True, shared_with=("x",), shared_utilization=1.0
+    )
+    v = diagnose(own, T)
+    assert v.bottleneck == "compute" and "95 %" in " ".join(v.notes)
+
+
+def test_mfu_above_the_tensor_cores_activity_names_the_declared_flops() -> None:
+    v = diagnose(Signals(progressing=True, mfu=0.377, **{**BUSY, "tensor_active": 0.229}), T)
+    assert "flops_per_token_high" in v.findings and any("1.6x too high" in n for n in v.notes)
+    assert "flops_per_token_high" not in diagnose(Signals(progressing=True, mfu=0.35, **BUSY), T).findings
+    # on a shared GPU the tensor activity is not the job's own: no claim
+    shared = Signals(progressing=True, mfu=0.377, shared_with=("x",), **{**BUSY, "tensor_active": 0.229})
+    assert "flops_per_token_high" not in diagnose(shared, T).findings
+
+
+def test_a_settle_function_holds_the_previous_verdict() -> None:
+    v = diagnose(Signals(progressing=True, data_wait_share=0.2, utilization=0.5), T, lambda raw: "compute")
+    assert v.bottleneck == "compute" and "input" in v.findings

@@ -20,12 +20,16 @@ PID_MAX = 4194304  # the kernel's ceiling (pid_max on 64-bit): anything above is
 
 
 def read(c: Calls, utilization: bool = True) -> tuple[ProcessReading, ...] | None:
-    """The GPU's compute processes; with ``utilization`` also each one's SM and memory use (one more call)."""
+    """The GPU's compute processes; with ``utilization`` also each one's SM and memory use (one more call).
+
+    A GPU that runs more than one process has its per-process use read whatever ``utilization`` says: the
+    diagnosis needs it to tell one job's activity from another's there (only their export is opt-in)."""
     dev = c.dev
     procs = c.call("processes", "nvmlDeviceGetComputeRunningProcesses", dev.handle)
     if procs is None:
         return None
-    util = _utilization(c) if procs and utilization else {}
+    shared = len({int(p.pid) for p in procs}) > 1
+    util = _utilization(c) if procs and (utilization or shared) else {}
     out: dict[int, ProcessReading] = {}
     for p in procs:
         pid = int(p.pid)

@@ -31,6 +31,8 @@ log = logging.getLogger("gpumon")
 
 DTYPE = "bf16"
 CONVENTION = "palm"
+# MFU of the compute phase at most: below its tensor activity (dynamics: 0.62), as on a real GPU
+MFU_PER_COMPUTE = 0.55
 # longest sleep between looks at the clock: a slowdown removed from Python can bring a step's end forward
 MAX_WAIT = 0.5
 
@@ -49,7 +51,15 @@ def tokens_per_step(spec: SimJobSpec, model: SimModel) -> int:
             "the job's steps; put simulated jobs on another model"
         )
     t = spec.timing
-    return max(1, round(t.mfu * peak * t.step_seconds / flops_per_token(spec)))
+    return max(1, round(step_mfu(spec) * peak * t.step_seconds / flops_per_token(spec)))
+
+
+def step_mfu(spec: SimJobSpec) -> float:
+    """The job's MFU over a whole step: its target, but never more than its compute phase can do. The tensor
+    cores are active COMPUTE_TENSOR of the compute phase and idle in the others, and MFU cannot exceed what
+    they did (the daemon calls that a wrong FLOPs figure): a job told to wait 45 % on data gets less."""
+    t = spec.timing
+    return min(t.mfu, MFU_PER_COMPUTE * max(0.0, 1.0 - t.data_wait - t.communication))
 
 
 def check(specs: Sequence[SimJobSpec], models: Sequence[SimModel]) -> None:

@@ -10,6 +10,7 @@ const gpumonJobs = (() => {
     ["undetermined", ""],
     ["gpu_down", "bad"],
     ["stalled", "bad"],
+    ["exited", "bad"],
   ]);
   const openEvidence = new Set(); // jobs whose evidence the reader opened: kept open across redraws
 
@@ -88,7 +89,8 @@ const gpumonJobs = (() => {
     const cls = VERDICT_CLASS.get(d.bottleneck) ?? "warn";
     const cell = [el("div", null, badge(words(d.bottleneck), cls, d.advice), " ", String(d.summary || ""))];
     for (const f of Array.isArray(d.findings) ? d.findings : [])
-      cell.push(badge("also: " + words(f), "warn"));
+      cell.push(badge((f === "finished" || f === "gpu_shared" ? "" : "also: ") + words(f), "warn"));
+    for (const n of Array.isArray(d.notes) ? d.notes : []) cell.push(small(String(n)));
     const evidence = Array.isArray(d.evidence) ? d.evidence : [];
     const met = evidence.filter((e) => e.met);
     if (met.length) cell.push(el("ul", { class: "plain small evidence" }, met.map(evidenceLine)));

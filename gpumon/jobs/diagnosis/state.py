@@ -1,0 +1,109 @@
+"""What the diagnosis remembers between evaluations: a job's unthrottled speed, and the verdict it holds.
+
+Each evaluation (a scrape, an API read) sees one window of signals. Two questions need more than that:
+
+- did throttling cost the job anything? Its seconds per step now against its seconds per step while its
+  GPUs were not throttled, over the last REFERENCE_SECONDS (the median, so a slow phase of its own does
+  not become the reference), or against its baseline when one is recorded;
+- is a new verdict real, or one window's excursion? A verdict between two bottlenecks changes only once the
+  new one has held for SETTLE_SECONDS of evaluations; states that are facts (a GPU down, a process gone, no
+  progress) and first verdicts change at once.
+
+Both are bounded: keys not evaluated for FORGET_SECONDS are dropped.
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+from collections import deque
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+
+REFERENCE_SECONDS = 600.0
+REFERENCE_EVERY = 5.0  # seconds between two samples of one key's speed
+MAX_SAMPLES = REFERENCE_SECONDS / REFERENCE_EVERY
+SETTLE_SECONDS = 10.0
+FORGET_SECONDS = 900.0
+# verdicts that state a fact, taken and left at once; "undetermined" is no claim to hold on to either
+FACTS = frozenset({"gpu_down", "exited", "idle", "stalled", "undetermined"})
+
+
+@dataclass
+class _Speed:
+    samples: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=int(MAX_SAMPLES)))
+    seen: float = 0.0
+
+
+class SpeedReference:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._keys: dict[Hashable, _Speed] = {}
+        self._pruned = 0.0
+
+    def slowdown(
+        self, key: Hashable, cost: float | None, clean: bool, now: float, baseline: float | None = None
+    ) -> tuple[float | None, str | None]:
+        """``cost``: seconds per step (or per token) now; ``clean``: no clock limits in the window, so this
+        speed can serve as the reference. Returns (fractional slowdown, what it is measured against)."""
+        with self._lock:
+            self._prune(now)
+            speed = self._keys.setdefault(key, _Speed())
+            speed.seen = now
+            if cost is None or cost <= 0:
+                return None, None
+            if clean and (not speed.samples or now - speed.samples[-1][0] >= REFERENCE_EVERY):
+                speed.samples.append((now, cost))
+            recent = [c for t, c in speed.samples if now - t <= REFERENCE_SECONDS]
+        if baseline is not None and baseline > 0:
+            return cost / baseline - 1.0, "baseline"
+        if not recent:
+            return None, None
+        return cost / statistics.median(recent) - 1.0, "recent"
+
+    def _prune(self, now: float) -> None:
+        if now - self._pruned < 60.0:
+            return
+        self._pruned = now
+        for key in [k for k, s in self._keys.items() if now - s.seen > FORGET_SECONDS]:
+            del self._keys[key]
+
+
+@dataclass
+class _Held:
+    verdict: str
+    candidate: str | None = None
+    since: float = 0.0  # when the candidate was first seen, unbroken since
+    seen: float = 0.0
+
+
+class VerdictHold:
+    def __init__(self, settle: float = SETTLE_SECONDS) -> None:
+        self.settle = settle
+        self._lock = threading.Lock()
+        self._keys: dict[Hashable, _Held] = {}
+        self._pruned = 0.0
+
+    def hold(self, key: Hashable, raw: str, now: float) -> str:
+        """The verdict to show for ``key`` given this evaluation's ``raw`` one."""
+        with self._lock:
+            self._prune(now)
+            held = self._keys.get(key)
+            if held is None or raw in FACTS or held.verdict in FACTS or now < held.seen:
+                self._keys[key] = _Held(raw, seen=now)
+                return raw
+            held.seen = now
+            if raw == held.verdict:
+                held.candidate = None
+            elif raw != held.candidate:
+                held.candidate, held.since = raw, now
+            elif now - held.since >= self.settle:
+                held.verdict, held.candidate = raw, None
+            return held.verdict
+
+    def _prune(self, now: float) -> None:
+        if now - self._pruned < 60.0:
+            return
+        self._pruned = now
+        for key in [k for k, h in self._keys.items() if now - h.seen > FORGET_SECONDS]:
+            del self._keys[key]

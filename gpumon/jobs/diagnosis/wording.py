@@ -1,0 +1,142 @@
+"""What a verdict says: one summary line per bottleneck, the advice, and a sentence per finding."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from gpumon.jobs.diagnosis.signals import Signals, Thresholds
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{100 * x:.0f} %"
+
+
+ADVICE = {
+    "gpu_down": "A GPU this rank runs on stopped answering NVML (lost, fallen off the bus, or a hung "
+    "driver call): its numbers are gone and the job will fail or hang on it. Check the XID errors "
+    "(gpumon_gpu_xid_errors_total, docs/xid.md) and dmesg; drain the node if it does not come back.",
+    "exited": "The rank's process is gone without its final report: killed (OOM killer, SIGKILL, a "
+    "preemption), crashed, or exited without Reporter.close(). Check its exit status and log (dmesg for the "
+    "OOM killer, the scheduler's record); its peers will hang in their next collective until it is back.",
+    "idle": "Nothing is running on the GPU and no step completed: the job is between phases, finished, or "
+    "waiting on something outside the GPU (a checkpoint upload, a scheduler).",
+    "stalled": "The GPU is busy but no step completed in the window: look for a hung collective (NCCL "
+    "timeout, a rank that died), a deadlock, or a step far longer than the window.",
+    "input": "The loop waits on data while the GPU idles: raise DataLoader num_workers, pin_memory, "
+    "prefetch_factor; move decoding/augmentation off the critical path; check storage throughput and CPU.",
+    "communication": "Time goes to collectives: overlap communication with compute (bucket sizes, "
+    "gradient accumulation), check the interconnect (NVLink/InfiniBand health, NCCL topology), reduce "
+    "data-parallel traffic (ZeRO stage, gradient compression), or scale up before scaling out.",
+    "throttled": "Clocks are held down by thermal limits or a hardware slowdown: check cooling and inlet "
+    "temperatures, the power supply and brake signals (nvidia-smi -q -d PERFORMANCE), and dmesg for XIDs.",
+    "memory_capacity": "HBM is nearly full, or the caching allocator had to flush its cache (retries) or "
+    "failed (OOMs): each retry synchronises the device and costs milliseconds, and an OOM is close. Set "
+    "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True against fragmentation; use activation checkpointing, "
+    "a smaller micro-batch with accumulation, or a higher ZeRO stage (the rank's memory section compares the "
+    "allocator with the estimate and names a stage that fits).",
+    "memory_bandwidth": "DRAM is busy while tensor cores idle: kernels are bandwidth-bound. Fuse "
+    "elementwise ops (torch.compile), use FlashAttention, lower precision (bf16/fp8), larger batches.",
+    "compute": "The GPU's arithmetic units are the limit, which is where a training job should be. Gains "
+    "now come from kernel efficiency and precision (fp8, fused kernels) and from MFU; compare MFU with the "
+    "baseline.",
+    "undetermined": "No signal crosses its threshold. Report phases (data_wait, communication) from the "
+    "training loop and enable profiling counters (GPM on Hopper, or DCGM) so gpumon can tell.",
+}
+
+
+def link_use(s: Signals) -> float | None:
+    return max((x for x in (s.nvlink_utilization, s.pcie_utilization) if x is not None), default=None)
+
+
+def flops_note(s: Signals, t: Thresholds) -> str | None:
+    """MFU counts the FLOPs the job declares; the tensor cores' activity bounds what it can have done."""
+    if s.mfu is None or s.tensor_active is None or s.tensor_active < 0.02 or s.shared_with:
+        return None
+    if s.mfu <= s.tensor_active * (1.0 + t.mfu_over_tensor) + 0.01:
+        return None
+    return (
+        f"the declared FLOPs per token looks {s.mfu / s.tensor_active:.1f}x too high: MFU {_pct(s.mfu)} "
+        f"exceeds the tensor cores' activity {_pct(s.tensor_active)}, which bounds it (check "
+        "flops_per_token, the model preset and the dtype)"
+    )
+
+
+def clocks_note(s: Signals) -> str:
+    if s.slowdown is None:
+        impact = "no unthrottled speed or baseline to compare with yet"
+    else:
+        against = "its baseline" if s.slowdown_against == "baseline" else "its recent unthrottled speed"
+        impact = f"the job runs {_pct(max(0.0, s.slowdown))} slower than {against}"
+    return f"thermal or hardware clock limits in {_pct(s.throttled_share)} of samples; {impact}"
+
+
+def shared_note(s: Signals) -> str:
+    who = ", ".join(s.shared_with)
+    if s.own_utilization:
+        return (
+            f"GPU shared with {who}: its own SM use is {_pct(s.utilization)} (NVML per process), the whole "
+            f"GPU's {_pct(s.shared_utilization)}"
+        )
+    return (
+        f"GPU shared with {who}: GPU activity is not attributable to one job, so the verdict rests on "
+        "the job's own phases"
+    )
+
+
+def _allocator_note(s: Signals) -> str:
+    if s.alloc_retries is None:
+        return ""
+    return f"; {s.alloc_retries:.0f} allocation retries and {s.ooms or 0:.0f} OOMs in the window"
+
+
+# one line per verdict, formatted only for the verdict reached (every rank, every scrape)
+_SUMMARIES: dict[str, Callable[[Signals], str]] = {
+    "gpu_down": lambda s: f"a GPU is down ({s.gpu_down})",
+    "exited": lambda s: f"the process is gone ({s.exited}); {_gpu_now(s)}",
+    "idle": lambda s: f"no recent step and the GPU is idle now ({_utilization_now(s)})",
+    "stalled": lambda s: f"no recent step while the GPU is busy now ({_utilization_now(s)})",
+    "input": lambda s: (
+        f"input-bound: {_pct(s.data_wait_share)} of wall time waiting for data, GPU "
+        f"utilisation {_pct(s.utilization)}"
+    ),
+    "communication": lambda s: (
+        f"communication-bound: {_pct(s.communication_share)} of wall time in "
+        f"communication, link use {_pct(link_use(s))}"
+    ),
+    "throttled": lambda s: (
+        f"throttled: thermal or hardware clock limits active in {_pct(s.throttled_share)} of samples, and "
+        f"the job runs {_pct(s.slowdown)} slower than "
+        f"{'its baseline' if s.slowdown_against == 'baseline' else 'before'}"
+    ),
+    "memory_capacity": lambda s: (
+        f"memory capacity: {_pct(s.memory_used_ratio)} of HBM in use{_allocator_note(s)}"
+    ),
+    "memory_bandwidth": lambda s: (
+        f"memory-bandwidth-bound: DRAM active {_pct(s.dram_active)}, tensor cores {_pct(s.tensor_active)}"
+    ),
+    "compute": lambda s: (
+        f"compute-bound: tensor cores {_pct(s.tensor_active)}, SMs {_pct(s.sm_active)}, "
+        f"utilisation {_pct(s.utilization)}, MFU {_pct(s.mfu)}"
+    ),
+    "undetermined": lambda s: (
+        "no bottleneck signal crosses its threshold (utilisation "
+        f"{_pct(s.utilization)}, data wait {_pct(s.data_wait_share)}, communication "
+        f"{_pct(s.communication_share)})"
+    ),
+}
+
+
+def _utilization_now(s: Signals) -> str:
+    return f"utilisation {_pct(s.utilization_now if s.utilization_now is not None else s.utilization)}"
+
+
+def _gpu_now(s: Signals) -> str:
+    now = s.utilization_now if s.utilization_now is not None else s.utilization
+    if now is None:
+        return "its GPU's utilisation is not measured"
+    state = "idle" if now < Thresholds.idle_utilization else "still busy"
+    return f"its GPU is {state} now ({_utilization_now(s)})"
+
+
+def summary(verdict: str, s: Signals) -> str:
+    return _SUMMARIES[verdict](s)

@@ -1,0 +1,223 @@
+"""Verdicts where fleets live: shared GPUs, finished and killed processes, throttling with and without a cost,
+and a verdict that does not flip with one window."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pynvml
+import pytest
+from support.helpers import set_state
+from support.reports import report
+
+from gpumon.client.process.start import process_start_time
+from gpumon.gpu.sim.device import SimProcess
+from gpumon.jobs.analysis import Analysis
+from gpumon.jobs.diagnosis.state import REFERENCE_EVERY, SpeedReference, VerdictHold
+from gpumon.jobs.jobjson import job_json
+from gpumon.jobs.report import parse
+from gpumon.jobs.store import JobStore
+
+
+@pytest.fixture
+def gpu(sims, samplers):
+    """One busy simulated H100 (97 % utilisation), no clock limits unless a test sets them."""
+    sim = sims("1xH100-SXM", static=True)
+    set_state(sim, 0)
+    sim.gpus[0].state.reasons = pynvml.nvmlClocksEventReasonSwPowerCap
+    return sim, samplers(sim)
+
+
+def store() -> JobStore:
+    return JobStore(max_jobs=8, max_ranks=16, ttl=600.0, window=60.0)
+
+
+def ingest_rank(
+    s: JobStore,
+    job: str,
+    *,
+    pid: int,
+    phases_per_step: dict[str, float] | None = None,
+    step_seconds: float = 0.5,
+    steps: int = 40,
+    end: float | None = None,
+    **kw,
+) -> None:
+    """Two reports of one rank ``steps`` steps apart, its last step at ``end`` (default now)."""
+    end = time.time() if end is None else end
+    started = end - steps * step_seconds - 1.0
+    incarnation = f"{job}-{pid}"[:64]
+    for n, seq in ((steps // 2, 5), (steps, 9)):
+        phases = {name: n * per for name, per in (phases_per_step or {}).items()}
+        r = report(
+            n,
+            started=started,
+            step_seconds=step_seconds,
+            phases=phases,
+            job=job,
+            pid=pid,
+            seq=seq,
+            incarnation=incarnation,
+            **kw,
+        )
+        s.ingest(parse(r), time.time())
+
+
+def test_the_readme_walkthrough_on_a_shared_gpu_is_input_bound(gpu) -> None:
+    """The README's example waits 60 % on data on the GPU a demo job keeps 97 % busy: the GPU's activity is
+    the other job's, so the example is input-bound (it was compute), and both say the GPU is shared."""
+    _, sampler = gpu
+    snap = sampler.sweep()
+    s = store()
+    ingest_rank(s, "tiny", pid=101, phases_per_step={"data_wait": 0.3})
+    ingest_rank(s, "llama-70b", pid=202, phases_per_step={"data_wait": 0.005, "communication": 0.05})
+    jobs = {j.job: j for j in Analysis(s, lambda: snap).jobs()}
+    tiny, llama = jobs["tiny"], jobs["llama-70b"]
+    assert tiny.verdict.bottleneck == "input", tiny.verdict.summary
+    assert "gpu_shared" in tiny.verdict.findings
+    assert any("llama-70b (GPU 0)" in n and "not attributable" in n for n in tiny.verdict.notes)
+    assert llama.verdict.bottleneck == "compute" and "gpu_shared" in llama.verdict.findings
+    assert tiny.ranks[0].signals.utilization is None, "the whole GPU's utilisation is not the example's"
+    doc = job_json(tiny, 60.0)
+    assert doc["diagnosis"]["notes"] and doc["ranks"][0]["gpus"][0]["shared_with"] == ["llama-70b"]
+
+
+def test_nvml_per_process_use_attributes_a_shared_gpu(gpu) -> None:
+    """Two processes NVML lists on one GPU, each sampled: each rank's activity is its own."""
+    sim, sampler = gpu
+    sim.gpus[0].processes = [
+        SimProcess(pid=101, used_memory=10 << 30, sm_util=0.92),
+        SimProcess(pid=202, used_memory=10 << 30, sm_util=0.05),
+    ]
+    snap = sampler.sweep()
+    s = store()
+    ingest_rank(s, "busy", pid=101)
+    ingest_rank(s, "starved", pid=202, phases_per_step={"data_wait": 0.35})
+    jobs = {j.job: j for j in Analysis(s, lambda: snap).jobs()}
+    busy, starved = jobs["busy"].ranks[0], jobs["starved"].ranks[0]
+    assert busy.signals.utilization == pytest.approx(0.92) and busy.signals.own_utilization
+    assert busy.verdict.bottleneck == "compute"
+    assert any("own SM use is 92 %" in n for n in busy.verdict.notes)
+    assert starved.signals.utilization == pytest.approx(0.05)
+    assert starved.verdict.bottleneck == "input"
+
+
+def test_a_process_no_rank_reports_from_makes_the_gpu_shared(gpu) -> None:
+    sim, sampler = gpu
+    sim.gpus[0].processes = [
+        SimProcess(pid=101, used_memory=1 << 30),
+        SimProcess(pid=999, used_memory=1 << 30),
+    ]
+    snap = sampler.sweep()
+    s = store()
+    ingest_rank(s, "mine", pid=101)
+    (job,) = Analysis(s, lambda: snap).jobs()
+    assert job.ranks[0].gpus[0].shared_with == ("pid 999",)
+    assert "gpu_shared" in job.verdict.findings
+
+
+def test_per_process_use_is_read_on_a_gpu_with_two_processes_without_the_opt_in(sims, samplers) -> None:
+    sim = sims("1xH100-SXM", static=True)
+    sampler = samplers(sim, details=frozenset())
+    sim.gpus[0].processes = [SimProcess(pid=101, used_memory=1 << 30, sm_util=0.5)]
+    (one,) = sampler.sweep().gpus[0].reading.processes
+    assert one.sm_utilization_ratio is None, "one process: no extra NVML call without --collect"
+    sim.gpus[0].processes.append(SimProcess(pid=202, used_memory=1 << 30, sm_util=0.25))
+    two = sampler.sweep().gpus[0].reading.processes
+    assert [p.sm_utilization_ratio for p in two] == [0.5, 0.25]
+
+
+def test_a_finished_job_keeps_its_last_window(gpu) -> None:
+    """25 s after its final report, a finished job shows the tokens/s it ended with, not 0, and says
+    finished; before the change it read 0 tokens/s."""
+    _, sampler = gpu
+    snap = sampler.sweep()
+    s = store()
+    ingest_rank(s, "done", pid=101, final=True)
+    (job,) = Analysis(s, lambda: snap).jobs(now=time.time() + 25.0)
+    assert job.tokens_per_second == pytest.approx(1000 / 0.5, rel=0.05)
+    assert "finished" in job.verdict.findings and job.verdict.summary.startswith("finished;")
+    assert job.verdict.bottleneck == "compute"
+
+
+def test_a_killed_process_is_exited_and_its_idle_gpu_is_not_called_busy(sims, samplers) -> None:
+    sim = sims("1xH100-SXM", static=True)
+    sim.gpus[0].state.util = 0.0
+    sampler = samplers(sim)
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        deadline = time.time() + 10
+        while (born := process_start_time(f"/proc/{child.pid}/stat")) is None and time.time() < deadline:
+            time.sleep(0.01)
+        assert born is not None
+        s = store()
+        time.sleep(max(0.0, born + 2.2 - time.time()))  # its Reporter starts after the process
+        ingest_rank(s, "victim", pid=child.pid, steps=4, step_seconds=0.25, process_started=born)
+        a = Analysis(s, sampler.sweep)
+        first = a.jobs()[0]
+        assert first.verdict.bottleneck != "exited", "alive: confirmed, not gone"
+        child.kill()
+        child.wait()
+        (job,) = a.jobs(now=time.time() + 2.0)
+        assert job.verdict.bottleneck == "exited", job.verdict.summary
+        assert f"pid {child.pid}" in job.verdict.summary and "idle now" in job.verdict.summary
+        assert "busy" not in job.verdict.summary
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_a_pid_the_daemon_cannot_see_is_never_called_exited(gpu) -> None:
+    """Another pid namespace: the pid is not in our /proc from the start, so nothing is known of it."""
+    _, sampler = gpu
+    snap = sampler.sweep()
+    s = store()
+    ingest_rank(s, "elsewhere", pid=4_000_000)
+    a = Analysis(s, lambda: snap)
+    for later in (0.0, 2.0, 4.0):
+        assert a.jobs(now=time.time() + later)[0].verdict.bottleneck != "exited"
+
+
+def test_throttling_is_the_verdict_only_when_the_job_pays_for_it(gpu) -> None:
+    sim, sampler = gpu
+    sim.gpus[0].state.reasons = pynvml.nvmlClocksEventReasonSwThermalSlowdown
+    snap = sampler.sweep()
+    s = store()
+    ingest_rank(s, "hot", pid=101)
+    a = Analysis(s, lambda: snap)
+    (job,) = a.jobs()
+    assert job.verdict.bottleneck == "compute" and "clocks_limited" in job.verdict.findings
+    s.baseline_steps["hot"] = 0.4  # its baseline ran 0.4 s steps; it now takes 0.5 s
+    (job,) = a.jobs()
+    assert job.verdict.bottleneck == "compute", "a verdict between bottlenecks waits to settle"
+    a.holds.settle = 0.0  # as if SETTLE_SECONDS of evaluations had passed (the steps would have gone stale)
+    (job,) = a.jobs()
+    assert job.verdict.bottleneck == "throttled" and "25 % slower than its baseline" in job.verdict.summary
+
+
+def test_the_reference_speed_is_the_unthrottled_median() -> None:
+    ref = SpeedReference()
+    t = 1000.0
+    for i, cost in enumerate((1.0, 1.02, 0.98, 1.0)):
+        assert ref.slowdown("k", cost, True, t + i * REFERENCE_EVERY)[1] == "recent"
+    later = t + 10 * REFERENCE_EVERY
+    slow, against = ref.slowdown("k", 1.3, False, later)  # throttled: compared, never the reference
+    assert against == "recent" and slow == pytest.approx(0.3)
+    assert ref.slowdown("k", 1.3, False, later + REFERENCE_EVERY)[0] == pytest.approx(0.3)
+    assert ref.slowdown("k", 1.0, True, later, baseline=0.8) == (pytest.approx(0.25), "baseline")
+    assert ref.slowdown("new", 1.0, False, later) == (None, None)
+
+
+def test_a_verdict_changes_only_after_it_settles_and_facts_at_once() -> None:
+    hold = VerdictHold(settle=10.0)
+    assert hold.hold("k", "compute", 0.0) == "compute"
+    assert hold.hold("k", "throttled", 2.0) == "compute"
+    assert hold.hold("k", "compute", 4.0) == "compute", "one excursion"
+    assert hold.hold("k", "throttled", 6.0) == "compute"
+    assert hold.hold("k", "throttled", 15.0) == "compute", "9 s: not yet"
+    assert hold.hold("k", "throttled", 16.0) == "throttled"
+    assert hold.hold("k", "exited", 17.0) == "exited", "a fact at once"
+    assert hold.hold("k", "input", 18.0) == "input", "and left at once"
+    assert hold.hold("first", "input", 0.0) == "input"
