@@ -90,6 +90,7 @@ def render(job: dict[str, Any]) -> str:
         out += textwrap.wrap(f"Note: {note}.", width=100, initial_indent="  ", subsequent_indent="    ")
     out += textwrap.wrap("Advice: " + d["advice"], width=100, initial_indent="  ", subsequent_indent="    ")
     out.append("  Ranks:")
+    shown: tuple[list[str], object] = ([], None)  # the last memory section printed, and whose
     for r in job.get("ranks", []):
         gpus = (
             ", ".join(
@@ -109,7 +110,12 @@ def render(job: dict[str, Any]) -> str:
             f"data wait {_pct(phases.get('data_wait'))}, communication {_pct(phases.get('communication'))}, "
             f"straggler {_num(r.get('straggler_score'))} -> {r['diagnosis']['bottleneck'].replace('_', ' ')}"
         )
-        out += _memory_lines(r.get("memory"))
+        memory = _memory_lines(r.get("memory"))
+        if memory and memory == shown[0]:  # ranks of one job mostly match: say it once
+            out.append(f"      memory: as rank {shown[1]}")
+        else:
+            out += memory
+            shown = (memory, r["rank"])
     return "\n".join(out)
 
 
