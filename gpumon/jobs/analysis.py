@@ -29,7 +29,9 @@ from gpumon.jobs.window import Rates, measure
 log = logging.getLogger(__name__)
 # "3g.40gb": a GPU instance of 3 slices; "1c.3g.71gb": a compute instance of 1 slice inside one
 _MIG_SLICES = re.compile(r"^(?:(\d+)c\.)?(\d+)g\.")
-MIG_COMPUTE_SLICES = 7.0  # A100, H100, H200: a "1g" instance has one seventh of the SMs
+MIG_COMPUTE_SLICES = 7.0
+# a rate span and GPU samples this long before MFU is set against tensor activity
+SETTLED_SECONDS, SETTLED_POINTS = 10.0, 10  # A100, H100, H200: a "1g" instance has one seventh of the SMs
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,6 +250,9 @@ class Analysis:
             ),
             shared_utilization=mean([u.window.utilization for u in shared]),
             own_utilization=bool(shared) and all(x is not None for x in own),
+            settled=rates.span is not None
+            and rates.span.seconds >= SETTLED_SECONDS
+            and all(u.window.points >= SETTLED_POINTS for u in uses),
             **_gpu_signals([_attributed(u, pid) for u in uses]),
         )
 
@@ -299,6 +304,7 @@ class Analysis:
             own_utilization=bool(shared) and all(s.own_utilization for s in shared),
             slowdown=slowdown,
             slowdown_against=against,
+            settled=all(s.settled for s in sig),
             **_gpu_signals(sig),
         )
         verdict = diagnose(signals, self.thresholds, lambda raw: self.holds.hold((job,), raw, now))

@@ -28,9 +28,9 @@ THROTTLING = sum(
 # per lane and direction, bytes/s after encoding overhead (gen 1-2: 8b/10b; 3+: 128b/130b; 6: PAM4/FLIT)
 PCIE_LANE = {1: 0.25e9, 2: 0.5e9, 3: 0.985e9, 4: 1.969e9, 5: 3.938e9, 6: 7.563e9}
 MAX_HISTORY = 1024
-# "now" for a GPU: the last few sweeps, not the whole window (a process killed 20 s ago left a GPU whose
+# "now" for a GPU: its last sweep or two, not the whole window (a process killed 20 s ago left a GPU whose
 # window still averages busy, while it reads 0 %)
-NOW_SECONDS = 5.0
+NOW_SECONDS = 1.5
 
 
 class GpuPoint(NamedTuple):
@@ -202,7 +202,8 @@ class GpuHistory:
     def window(self, st: GpuStatus, now: float, window: float, mig: MigReading | None = None) -> GpuWindow:
         key = st.info.uuid if mig is None else mig.uuid
         with self._lock:
-            points = [p for p in self._points.get(key, ()) if p.t >= now - window]
+            # a window that ended earlier (a finished rank's) leaves out what came after it
+            points = [p for p in self._points.get(key, ()) if now - window <= p.t <= now + 1.0]
         r = st.reading
         used_bytes = None if r is None else r.memory_used_bytes
         total_bytes = None if r is None else r.memory_total_bytes

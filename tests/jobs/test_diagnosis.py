@@ -56,6 +56,10 @@ def test_each_verdict(signals: Signals, verdict: str) -> None:
 def test_input_needs_an_idle_gpu_not_just_a_data_wait_share() -> None:
     v = diagnose(Signals(progressing=True, data_wait_share=0.2, **BUSY), T)
     assert v.bottleneck == "compute" and "input" not in v.findings
+    # waiting 25 % with the GPU 75 % busy: the GPU idles as the loop waits (it was compute once the window
+    # filled, in the scenario suite's input-25)
+    mild = diagnose(Signals(progressing=True, data_wait_share=0.25, utilization=0.75), T)
+    assert mild.bottleneck == "input"
 
 
 def test_memory_pressure_under_a_compute_bound_job_is_a_finding_not_the_verdict() -> None:
@@ -75,7 +79,7 @@ def test_evidence_gives_every_signal_its_value_threshold_and_outcome() -> None:
         "unit": "ratio",
     }
     by_signal = {(e.signal, e.threshold): e for e in v.evidence}
-    assert by_signal[("gpu_utilization", 0.7)].met is True
+    assert by_signal[("gpu_utilization", 1 - 0.35 / 2)].met is True, "the GPU idles while the loop waits"
     assert by_signal[("memory_used_ratio", 0.9)].met is False
     assert by_signal[("tensor_active", 0.4)].met is None, "an unmeasured signal is unknown, not false"
     assert "35 %" in v.summary and "40 %" in v.summary

@@ -158,8 +158,8 @@ def test_a_killed_process_is_exited_and_its_idle_gpu_is_not_called_busy(sims, sa
         a = Analysis(s, sampler.sweep)
         first = a.jobs()[0]
         assert first.verdict.bottleneck != "exited", "alive: confirmed, not gone"
-        child.kill()
-        child.wait()
+        child.kill()  # not reaped yet: a zombie keeps its /proc entry, and is gone all the same
+        time.sleep(0.2)
         (job,) = a.jobs(now=time.time() + 2.0)
         assert job.verdict.bottleneck == "exited", job.verdict.summary
         assert f"pid {child.pid}" in job.verdict.summary and "idle now" in job.verdict.summary
@@ -220,4 +220,10 @@ def test_a_verdict_changes_only_after_it_settles_and_facts_at_once() -> None:
     assert hold.hold("k", "throttled", 16.0) == "throttled"
     assert hold.hold("k", "exited", 17.0) == "exited", "a fact at once"
     assert hold.hold("k", "input", 18.0) == "input", "and left at once"
-    assert hold.hold("first", "input", 0.0) == "input"
+    assert hold.hold("k", "undetermined", 19.0) == "input", "a claim is not dropped for one window"
+    assert hold.hold("k", "stalled", 20.0) == "stalled", "progress stopping is a fact"
+    assert hold.hold("k", "idle", 21.0) == "stalled", "idle or stalled: GPU activity near a threshold"
+    assert hold.hold("k", "idle", 31.0) == "idle"
+    assert hold.hold("k", "compute", 32.0) == "compute", "progress resuming is a fact"
+    assert hold.hold("first", "undetermined", 0.0) == "undetermined"
+    assert hold.hold("first", "input", 1.0) == "input", "out of undetermined at once"

@@ -153,7 +153,7 @@ class SdkDriver:
             for p in procs:
                 if now - p.alive_checked >= LIVENESS_EVERY:
                     p.alive_checked = now
-                    p.alive = os.path.exists(os.path.join(self._proc, str(p.pid)))
+                    p.alive = _running(os.path.join(self._proc, str(p.pid), "stat"))
             return [p for p in procs if p.alive]
 
     def identity(self, p: _Process) -> SimProcess:
@@ -181,12 +181,19 @@ class DrivenWorkload:
         return used
 
     def _job(self, procs: list[_Process]) -> Job:
-        """The driving processes as one job: the mean of their phase shares (several may share a GPU), the
-        HBM they hold."""
+        """The driving processes as one job, the HBM they hold. One process: its phase shares. Several,
+        time-sliced on one GPU: their kernels add up, so the GPU computes for the sum of their compute shares
+        (at most all of the time); the rest of the time is their other phases, in the mean's proportions."""
         shares: dict[str, float] = {}
         for p in procs:
             for phase, share in p.shares.items():
                 shares[phase] = shares.get(phase, 0.0) + share / len(procs)
+        if len(procs) > 1:
+            compute = min(1.0, sum(p.shares.get(COMPUTE, 0.0) for p in procs))
+            rest = {k: v for k, v in shares.items() if k != COMPUTE}
+            left = sum(rest.values())
+            shares = {k: v * (1.0 - compute) / left for k, v in rest.items()} if left > 0 else {}
+            shares[COMPUTE] = compute
         fill = min(1.0, sum(self._used(procs).values()) / self._total)
         return Job(-1, 0.0, math.inf, 0.0, 1.0, shares.get(ALLREDUCE, 0.0), fill, shares)
 
@@ -210,11 +217,19 @@ class DrivenWorkload:
             return None
         out = []
         used = self._used(procs)
+        # each process's share of the GPU's busy time: its compute share of all of theirs
+        demand: dict[int, float] = {}
+        for p in procs:
+            demand[p.pid] = demand.get(p.pid, 0.0) + p.shares.get(COMPUTE, 0.0)
+        total = sum(demand.values())
         for p in procs:
             if p.pid not in used:
                 continue  # listed once, however many of its Reporters drive this GPU
+            part = demand[p.pid] / total if total > 0 else 1.0 / len(demand)
             who = self.driver.identity(p)
-            out.append(replace(who, used_memory=used.pop(p.pid), sm_util=util, mem_util=mem_util))
+            out.append(
+                replace(who, used_memory=used.pop(p.pid), sm_util=util * part, mem_util=mem_util * part)
+            )
         return out
 
 
@@ -231,6 +246,16 @@ def _shares(spent: Mapping[str, float], wall: float) -> dict[str, float]:
     elif named < 1.0:
         out[COMPUTE] = out.get(COMPUTE, 0.0) + 1.0 - named  # outside any phase: taken as GPU work
     return out
+
+
+def _running(stat: str) -> bool:
+    """The process exists and is not a zombie (killed, not yet reaped: its GPU context is gone)."""
+    try:
+        with open(stat, "rb") as f:
+            raw = f.read(4096)
+        return raw[raw.rindex(b")") + 2 : raw.rindex(b")") + 3] not in (b"Z", b"X")
+    except (OSError, ValueError):
+        return False
 
 
 def _read_identity(folder: str, pid: int) -> SimProcess:

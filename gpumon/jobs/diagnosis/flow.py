@@ -36,7 +36,14 @@ def diagnose(s: Signals, t: Thresholds, settle: Callable[[str], str] | None = No
     now = s.utilization_now if s.utilization_now is not None else s.utilization
     ev = {
         "utilization_idle": _check("gpu_utilization_now", now, t.idle_utilization, "<"),
-        "utilization_low": _check("gpu_utilization", s.utilization, t.low_utilization, "<"),
+        # the GPU idles while the loop waits: below low_utilization, or idle at least half as long as the
+        # loop waits (25 % waiting with the GPU 75 % busy is input-bound; 20 % with it 98 % busy is not)
+        "utilization_low": _check(
+            "gpu_utilization",
+            s.utilization,
+            max(t.low_utilization, 1.0 - (s.data_wait_share or 0.0) / 2),
+            "<",
+        ),
         "data_wait": _check("data_wait_share", s.data_wait_share, t.data_wait_share, ">="),
         "communication": _check("communication_share", s.communication_share, t.communication_share, ">="),
         "link": _check("link_utilization", link, t.link_busy, ">="),
@@ -116,14 +123,19 @@ def diagnose(s: Signals, t: Thresholds, settle: Callable[[str], str] | None = No
     return Verdict(verdict, line, ADVICE[verdict], evidence, tuple(findings), tuple(notes))
 
 
+def _idles_enough(s: Signals, t: Thresholds) -> float:
+    return max(t.low_utilization, 1.0 - (s.data_wait_share or 0.0) / 2)
+
+
 def _busy_sharing(s: Signals, t: Thresholds) -> bool:
-    """On a GPU shared with other work whose activity cannot be told apart: the GPU is busy and the job
-    itself says it waits on nothing (it reports a wait phase, below its threshold), so GPU work, its own or
-    its neighbour's competing with it, is what it waits for."""
+    """On a GPU shared with other work: the GPU is busy and the job itself says it waits on nothing (a wait
+    phase it reports stays below its threshold, or its own per-process use shows it keeps the GPU busy), so
+    GPU work, its own or its neighbour's competing with it, is what it waits for."""
     if not s.shared_with or s.shared_utilization is None or s.shared_utilization < t.low_utilization:
         return False
-    if s.data_wait_share is None and s.communication_share is None:
-        return False
+    busy_itself = s.own_utilization and s.utilization is not None and s.utilization >= t.sm_idle
+    if s.data_wait_share is None and s.communication_share is None and not busy_itself:
+        return False  # no wait phase to go by, nor its own per-process use
     return (s.data_wait_share or 0.0) < t.data_wait_share and (
         s.communication_share or 0.0
     ) < t.communication_share

@@ -35,9 +35,18 @@ class Liveness:
         self._seen: dict[tuple[str, int, str], _Seen] = {}  # (job, rank, incarnation)
 
     def _start(self, pid: int) -> float | None:
-        return process_start_time(
-            os.path.join(self._proc, str(pid), "stat"), os.path.join(self._proc, "uptime")
-        )
+        """When the process started; None when it is gone, or dead and not yet reaped (a zombie keeps its
+        /proc entry until its parent waits for it, and has left its GPU)."""
+        stat = os.path.join(self._proc, str(pid), "stat")
+        try:
+            with open(stat, "rb") as f:
+                raw = f.read(4096)
+            state = raw[raw.rindex(b")") + 2 : raw.rindex(b")") + 3]
+        except (OSError, ValueError):
+            return None
+        if state in (b"Z", b"X"):
+            return None
+        return process_start_time(stat, os.path.join(self._proc, "uptime"))
 
     def gone(
         self,

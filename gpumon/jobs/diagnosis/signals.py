@@ -42,7 +42,7 @@ class Thresholds:
     # bottleneck: clocks held down while the job keeps its speed is a finding, not a verdict
     throttle_impact: float = 0.05
     # MFU above the tensor cores' activity by more than this factor: the declared FLOPs per token is wrong
-    mfu_over_tensor: float = 0.15
+    mfu_over_tensor: float = 0.10
 
 
 def parse_thresholds(items: Sequence[str] | dict[str, Any]) -> Thresholds:
@@ -99,7 +99,7 @@ class Signals:
     finished: bool = False
     # the process is gone (killed or exited without a final report), and how we know
     exited: str | None = None
-    utilization_now: float | None = None  # the GPU's last few seconds, not the window's mean
+    utilization_now: float | None = None  # the GPU's last sweep or two, not the window's mean
     # other jobs or processes on the rank's GPUs: then the GPU activity above is this process's own (NVML
     # per-process use) or unknown, and shared_utilization is the whole GPU's
     shared_with: tuple[str, ...] = ()
@@ -109,6 +109,8 @@ class Signals:
     # reference to compare with yet
     slowdown: float | None = None
     slowdown_against: str | None = None  # "baseline" or "recent"
+    # the rates and the GPU window cover enough time to set one against the other (cross-checks wait for it)
+    settled: bool = True
 
 
 @dataclass(frozen=True, slots=True)

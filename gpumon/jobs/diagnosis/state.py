@@ -6,8 +6,9 @@ Each evaluation (a scrape, an API read) sees one window of signals. Two question
   GPUs were not throttled, over the last REFERENCE_SECONDS (the median, so a slow phase of its own does
   not become the reference), or against its baseline when one is recorded;
 - is a new verdict real, or one window's excursion? A verdict between two bottlenecks changes only once the
-  new one has held for SETTLE_SECONDS of evaluations; states that are facts (a GPU down, a process gone, no
-  progress) and first verdicts change at once.
+  new one has held for SETTLE_SECONDS of evaluations, and so does one between idle and stalled, and a claim
+  given up for "undetermined"; facts (a GPU down, a process gone, progress stopping or resuming), a way out
+  of "undetermined" and first verdicts change at once.
 
 Both are bounded: keys not evaluated for FORGET_SECONDS are dropped.
 """
@@ -25,8 +26,11 @@ REFERENCE_EVERY = 5.0  # seconds between two samples of one key's speed
 MAX_SAMPLES = REFERENCE_SECONDS / REFERENCE_EVERY
 SETTLE_SECONDS = 10.0
 FORGET_SECONDS = 900.0
-# verdicts that state a fact, taken and left at once; "undetermined" is no claim to hold on to either
-FACTS = frozenset({"gpu_down", "exited", "idle", "stalled", "undetermined"})
+# facts about the rank, taken and left at once
+FACTS = frozenset({"gpu_down", "exited"})
+NO_PROGRESS = frozenset({"idle", "stalled"})  # progress stopping or resuming is a fact too; which of the two
+# it is depends on GPU activity near a threshold, and settles like a bottleneck
+WEAK = "undetermined"  # no claim: left at once, and taken only once it has settled
 
 
 @dataclass
@@ -89,7 +93,7 @@ class VerdictHold:
         with self._lock:
             self._prune(now)
             held = self._keys.get(key)
-            if held is None or raw in FACTS or held.verdict in FACTS or now < held.seen:
+            if held is None or now < held.seen or _at_once(held.verdict, raw):
                 self._keys[key] = _Held(raw, seen=now)
                 return raw
             held.seen = now
@@ -107,3 +111,9 @@ class VerdictHold:
         self._pruned = now
         for key in [k for k, h in self._keys.items() if now - h.seen > FORGET_SECONDS]:
             del self._keys[key]
+
+
+def _at_once(held: str, raw: str) -> bool:
+    if raw in FACTS or held in FACTS or held == WEAK:
+        return True
+    return (raw in NO_PROGRESS) != (held in NO_PROGRESS)

@@ -50,7 +50,7 @@ def link_use(s: Signals) -> float | None:
 
 def flops_note(s: Signals, t: Thresholds) -> str | None:
     """MFU counts the FLOPs the job declares; the tensor cores' activity bounds what it can have done."""
-    if s.mfu is None or s.tensor_active is None or s.tensor_active < 0.02 or s.shared_with:
+    if s.mfu is None or s.tensor_active is None or s.tensor_active < 0.02 or s.shared_with or not s.settled:
         return None
     if s.mfu <= s.tensor_active * (1.0 + t.mfu_over_tensor) + 0.01:
         return None

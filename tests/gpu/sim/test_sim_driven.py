@@ -254,3 +254,29 @@ def test_mig_gpus_and_non_ascii_indexes_are_not_driven() -> None:
     mig_uuid = sim.gpus[0].mig[0].uuid
     drive(sim, clock, {"forward_backward": 1.0}, devices=("0", mig_uuid, sim.gpus[0].uuid, "\u0661"))
     assert sim.processes(sim.gpus[0]) == [] and sim.processes(sim.gpus[1]) == []
+
+
+def test_two_jobs_time_sliced_on_one_gpu_each_get_their_share_of_its_busy_time() -> None:
+    """A compute-bound loop and one waiting 60 % on data, on one GPU: their kernels add up (the GPU is busy
+    all the time, not their mean), and NVML's per-process use splits that by their demand, as the diagnosis
+    reads it to tell the two jobs apart."""
+    sim, clock = node()
+    busy, waiting = os.getpid(), os.getppid()
+    start = clock.t
+    totals = {"a": 0.0, "b": 0.0}
+    for _ in range(30):
+        clock.t += 1.0
+        totals["a"] += 1.0
+        totals["b"] += 0.6
+        sim.driver.observe(
+            Rep(time=clock.t, phases={"forward_backward": totals["a"]}, pid=busy, job="a", started=start - 1)
+        )
+        sim.driver.observe(
+            Rep(time=clock.t, phases={"data_wait": totals["b"]}, pid=waiting, job="b", started=start - 1)
+        )
+    state = read(sim)
+    assert state["util"] >= 0.9, "1.0 + 0.4 of demand keeps the GPU busy"
+    h = sim.nvmlDeviceGetHandleByIndex(0)
+    use = {s.pid: s.smUtil / 100 for s in sim.nvmlDeviceGetProcessUtilization(h, 0)}
+    assert use[busy] == pytest.approx(state["util"] / 1.4, abs=0.02)
+    assert use[waiting] == pytest.approx(state["util"] * 0.4 / 1.4, abs=0.02)
