@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 class Reporter(Protocol):
     """What these hooks need of a gpumon.client.Reporter (which imports this module, so not the class)."""
 
-    def close(self, timeout: float = ...) -> None: ...
+    def _shutdown(self, timeout: float) -> None: ...
 
     def _forked(self) -> None: ...
 
@@ -78,7 +78,8 @@ def orphaned(shipper: Shipper) -> None:
 def _close_all() -> None:
     deadline = time.monotonic() + AT_EXIT_TIMEOUT
     for reporter in list(_live):
-        reporter.close(timeout=max(0.0, deadline - time.monotonic()))
+        # whoever still holds a handle on it: the process is ending
+        reporter._shutdown(max(0.0, deadline - time.monotonic()))
     for shipper in list(_orphans):
         shipper.join(deadline - time.monotonic())
 

@@ -7,6 +7,13 @@ read only makes one report slightly behind the next. Standard library only, Pyth
 
 Around it: phases.py (phase timers), counts.py (number checks), settings.py (constructor arguments),
 report.py (wire format), lifecycle.py (interpreter exit, fork), transport.py (the sender thread).
+
+One (job, rank) has one set of counters per process. The daemon keys a rank by (job, rank) and takes each
+Reporter for a process of its own: two Reporters of one rank in one process (the loop's own and a framework
+callback's, say) would make it count a restart that never happened, refuse the older one's reports with 409
+and lose its steps. So a Reporter made while a live one of the same (daemon URL, job, rank) exists in this
+process is a second handle on that one: its calls count into the first's counters, one sender reports them,
+and the last of the handles to be closed sends the final report.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ import os
 import re
 import threading
 import time
+import weakref
 from bisect import bisect_left
 from collections.abc import Callable
 from typing import Any
@@ -42,6 +50,23 @@ _BUCKETS = BUCKETS
 _MAX_CALL = MAX_PER_CALL
 _MAX_SECONDS = MAX_PER_CALL_SECONDS
 _PHASE_RE = re.compile(PHASE_PATTERN)
+
+# the live Reporter of each (url, job, rank) in this process: the one later Reporters of that rank share
+_ranks: dict[tuple[str, str, int], weakref.ref[Reporter]] = {}
+# re-entrant: a finalizer (a Reporter dropped unclosed) may run on a thread that holds it
+_ranks_lock = threading.RLock()
+# set while a framework callback makes its Reporter: sharing the loop's own is then what was asked for
+_callback = threading.local()
+# what a second handle calls on the first: the hot path and the calls that act on the counters
+_SHARED_CALLS = (
+    "step", "phase", "data_wait", "forward_backward", "communication", "optimizer", "checkpoint",
+    "evaluation", "add_phase", "request", "resume", "flush",
+)  # fmt: skip
+# settings a second handle may ask for differently, and does not get (the first's are sent)
+_SETTINGS_COMPARED = (
+    "world_size", "local_rank", "devices", "kind", "workload", "dtype", "flops_per_token",
+    "flops_convention", "peak_flops", "token", "interval", "setup",
+)  # fmt: skip
 
 
 class Reporter:
@@ -91,6 +116,10 @@ class Reporter:
         self._close_lock = threading.Lock()
         self._warned: set[str] = set()
         self._shipper: Shipper | None = None
+        # the Reporter whose counters this one counts into: itself, or the first of its (job, rank) here
+        self._core: Reporter = self
+        self._holders = 1  # handles on these counters not yet closed (the core's own count)
+        self._released = False  # this handle was closed
         # one (wall, perf) pair: the hot path reads only perf_counter, reports convert with it
         self._wall0 = time.time()
         self._perf0 = _perf()
@@ -114,12 +143,26 @@ class Reporter:
             )  # fmt: skip
             for problem in problems:
                 log.warning("gpumon: %s", problem)
-            transport = Transport(self.settings.url, self.settings.token)
-            # claimed only by a Reporter that will report: a failed one must not take the process's start
-            self.process_started = claim_process_start()
-            self.memory_source = AllocatorReader(self.settings.cuda_ordinal, self.settings.local_rank).read
+            key = (self.settings.url, self.settings.job, self.settings.rank)
+            with _ranks_lock:
+                ref = _ranks.get(key)
+                first = ref() if ref is not None else None
+                if first is not None and first._on and not first._closed:
+                    first._holders += 1
+                else:
+                    first = None
+                    transport = Transport(self.settings.url, self.settings.token)
+                    # claimed only by a Reporter that will report: a failed one must not take the process's
+                    # start
+                    self.process_started = claim_process_start()
+                    reader = AllocatorReader(self.settings.cuda_ordinal, self.settings.local_rank)
+                    self.memory_source = reader.read
+                    _ranks[key] = weakref.ref(self)
         except Exception:
             log.warning("gpumon: reporting is off: the Reporter could not be set up", exc_info=True)
+            return
+        if first is not None:
+            self._share(first)
             return
         self._shipper = Shipper(Sender(transport, self.settings.interval), self._report)
         self._on = True
@@ -127,6 +170,33 @@ class Reporter:
         # started now rather than at the first step: the daemon learns this rank, its pid and its GPUs while
         # the model loads, so a rank stuck before its first step shows; and the hot path needs no check
         self._shipper.start()
+
+    def _share(self, first: Reporter) -> None:
+        """Become a second handle on ``first``, the live Reporter of this (job, rank) in this process: every
+        call counts into its counters (bound to its methods, so the hot path costs what it costs there)."""
+        mine, theirs = self.settings, first.settings
+        differ = [name for name in _SETTINGS_COMPARED if getattr(mine, name) != getattr(theirs, name)]
+        self._core = first
+        self.settings, self.incarnation, self.started = theirs, first.incarnation, first.started
+        self.process_started = first.process_started
+        for name in _SHARED_CALLS:
+            setattr(self, name, getattr(first, name))
+        self._on = True
+        if mine.resumed_step is not None:  # the checkpoint this process loaded, whichever handle knows it
+            first.resume(mine.resumed_step)
+        ignored = f"; its own {', '.join(differ)} ignored" if differ else ""
+        if getattr(_callback, "sharing", False):
+            log.info(
+                "gpumon: the callback reports through this process's Reporter for job %r rank %d%s",
+                theirs.job, theirs.rank, ignored,
+            )  # fmt: skip
+        else:
+            log.warning(
+                "gpumon: a second Reporter for job %r rank %d in this process (pid %d) shares the first "
+                "one's counters and sender (the daemon takes each Reporter for a process of its own)%s; "
+                "the last one closed sends the final report",
+                theirs.job, theirs.rank, os.getpid(), ignored,
+            )  # fmt: skip
 
     # ---- hot path: one training-loop thread calls step() and times phases --------------------------------
 
@@ -286,13 +356,20 @@ class Reporter:
 
     @property
     def enabled(self) -> bool:
-        return self._on
+        return self._on and self._core._on and not self._released
+
+    @property
+    def shares_with(self) -> Reporter | None:
+        """The first Reporter of this (job, rank) in this process, when this one is a second handle on it."""
+        core = self._core
+        return None if core is self else core
 
     @property
     def totals(self) -> dict[str, Any]:
-        """A copy of the cumulative totals, with "phases": {name: seconds}."""
-        t = self._t
-        phases = {name: found.seconds for name, found in self._phases.items()}
+        """A copy of the cumulative totals (a second handle's are the first's), "phases": {name: seconds}."""
+        core = self._core
+        t = core._t
+        phases = {name: found.seconds for name, found in core._phases.items()}
         return {"steps": t[0], "tokens": t[1], "samples": t[2], "requests": t[3], "phases": phases}
 
     def _report(self, final: bool) -> dict[str, Any]:
@@ -352,15 +429,45 @@ class Reporter:
         return self._on and shipper is not None and shipper.flush(timeout)
 
     def close(self, timeout: float = 2.0) -> None:
-        """Send the final report and stop the thread, within ``timeout`` seconds; later calls do nothing."""
+        """Send the final report and stop the thread, within ``timeout`` seconds; later calls do nothing.
+        A handle sharing its counters with others (see the module's docstring) only lets go of them: the
+        last one closed sends the final report."""
+        with self._close_lock:
+            if self._released:
+                return
+            self._released = True
+        core = self._core
+        if core is not self:
+            for name in _SHARED_CALLS:  # this handle's calls do nothing from now on, as a closed Reporter's
+                self.__dict__.pop(name, None)
+            self._on = False
+        if core._let_go():
+            core._shutdown(timeout)
+
+    def _let_go(self) -> bool:
+        """One handle on these counters was closed; True when it was the last."""
+        with _ranks_lock:
+            self._holders -= 1
+            return self._holders <= 0
+
+    def _shutdown(self, timeout: float) -> None:
+        """Send the final report and stop the thread, whoever still holds a handle (interpreter exit)."""
         with self._close_lock:
             if self._closed:
                 return
             self._closed = True
         self._on = False
+        self._unregister()
         lifecycle.forget(self)
         if self._shipper is not None:
             self._shipper.close(timeout)
+
+    def _unregister(self) -> None:
+        with _ranks_lock:
+            key = (self.settings.url, self.settings.job, self.settings.rank)
+            ref = _ranks.get(key)
+            if ref is not None and ref() in (self, None):
+                del _ranks[key]
 
     def __del__(self) -> None:
         # Collected without close(): the usual ``def main(): r = Reporter(...); train(r)`` drops it when
@@ -368,13 +475,28 @@ class Reporter:
         # (without one the daemon counts the rank lost); building the report is cheap and the sender thread
         # sends it, so the thread dropping the last reference never waits, and the exit hooks wait for it.
         try:
-            shipper = self._shipper
-            if self._on and not self._closed and shipper is not None:
-                self._closed = True
-                shipper.orphan(self._report(True))
-                lifecycle.orphaned(shipper)
+            core = self._core
+            if core is not self:
+                # a second handle dropped unclosed lets go of the counters; when it held them last, the
+                # first's own handle was closed already and the first has only this one left to keep it
+                if not self._released and core._let_go():
+                    core._orphan()
+                return
+            self._orphan()
         except Exception:
             pass  # a finalizer must not raise (at interpreter teardown the modules may be half gone)
+
+    def _orphan(self) -> None:
+        """The final report, handed to the sender thread to send: no waiting on the caller's thread."""
+        shipper = self._shipper
+        if self._on and not self._closed and shipper is not None:
+            self._closed = True
+            self._on = False
+            # the dict may be half gone at interpreter teardown; the rank's next Reporter must not share
+            # this one's ended counters
+            self._unregister()
+            shipper.orphan(self._report(True))
+            lifecycle.orphaned(shipper)
 
     def _forked(self) -> None:
         """In a forked child (a DataLoader worker) the parent goes on reporting and this copy goes quiet: no
@@ -397,5 +519,29 @@ class Reporter:
         self.close()
 
     def __repr__(self) -> str:
-        state = "on" if self._on else "off"
-        return f"<Reporter job={self.settings.job} rank={self.settings.rank} {state}>"
+        state = "on" if self.enabled else "off"
+        shared = "" if self._core is self else " shared"
+        return f"<Reporter job={self.settings.job} rank={self.settings.rank} {state}{shared}>"
+
+
+def callback_reporter(**kwargs: Any) -> Reporter:
+    """The Reporter a framework callback makes for itself: a second handle on this process's live Reporter
+    of the same (job, rank) if there is one (the loop's own), which is then what was asked for: an info line
+    says so, not a warning."""
+    _callback.sharing = True
+    try:
+        return Reporter(**kwargs)
+    finally:
+        _callback.sharing = False
+
+
+def _forget_ranks_in_child() -> None:
+    """A forked child's Reporters are disabled copies (lifecycle.py): its own new ones share none of them.
+    The lock may have been held by a parent's thread at the fork."""
+    global _ranks_lock
+    _ranks.clear()
+    _ranks_lock = threading.RLock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_ranks_in_child)

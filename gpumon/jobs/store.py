@@ -378,7 +378,28 @@ def _restart(rank: Rank) -> None:
     rank.anchor = None
 
 
+def _same_process(a: Report, b: Report) -> bool:
+    """One pid, and not two processes of other pid namespaces (containers) that each sent their own start
+    (only a process's first Reporter sends it; /proc's resolution is 10 ms)."""
+    if a.pid != b.pid:
+        return False
+    return (
+        a.process_started is None
+        or b.process_started is None
+        or abs(a.process_started - b.process_started) < 0.05
+    )
+
+
 def _conflict(r: Report, current: Report) -> str:
+    if _same_process(r, current):
+        # an SDK that does not share one (job, rank)'s counters in a process, or Reporters given two urls of
+        # this daemon
+        return (
+            f"job {r.job!r} rank {r.rank} is reported by two Reporters in one process (pid {r.pid}): this "
+            f"one (incarnation {r.incarnation!r}) and a later one ({current.incarnation!r}); the daemon "
+            "takes each Reporter for a process of its own: use one Reporter per (job, rank) in a process "
+            "(pass yours to the framework callback as reporter=...)"
+        )
     return (
         f"job {r.job!r} rank {r.rank} is also reported by pid {current.pid}, which started later; two live "
         f"processes (this one is pid {r.pid}) cannot share one (job, rank): give each its own job name "
@@ -387,10 +408,18 @@ def _conflict(r: Report, current: Report) -> str:
 
 
 def _shared_incarnation(r: Report, current: Report) -> str:
-    return (
+    late = (
         f"job {r.job!r} rank {r.rank}: seq {r.seq} is not after {current.seq}, yet this report is "
-        f"{r.time - current.time:.0f} s later; two processes (pids {r.pid} and {current.pid}) send "
-        f"incarnation {r.incarnation!r}: each process needs its own Reporter"
+        f"{r.time - current.time:.0f} s later"
+    )
+    if _same_process(r, current):
+        return (
+            f"{late}; two senders in one process (pid {r.pid}) send incarnation {r.incarnation!r} (a copied "
+            "Reporter?): each Reporter needs its own incarnation"
+        )
+    return (
+        f"{late}; two processes (pids {r.pid} and {current.pid}) send incarnation {r.incarnation!r}: each "
+        "process needs its own Reporter"
     )
 
 

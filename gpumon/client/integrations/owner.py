@@ -2,8 +2,10 @@
 
 An owned Reporter is created when training starts, not with the callback (a Reporter holds a thread, and
 frameworks copy or pickle callbacks to workers), from the caller's keyword arguments over what the framework
-knows (rank, device, dtype); it is closed when training ends, so a second run is a new incarnation. A
-Reporter the caller passed in is only flushed: its owner closes it. Standard library only.
+knows (rank, device, dtype); it is closed when training ends, so a second run is a new incarnation. When the
+process already has a live Reporter of that (job, rank) (the training loop's own), the owned one is a second
+handle on it: the callback counts into its counters, and closing the handle leaves it running. A Reporter
+the caller passed in is only flushed: its owner closes it. Standard library only.
 
 Badput phases are held open live (``_hold``): the Reporter reports a running phase in every report
 (``open_phases``), so the daemon's goodput ledger counts an evaluation or checkpoint while it runs; time
@@ -19,6 +21,7 @@ from typing import Any
 
 from gpumon.client import Reporter
 from gpumon.client.phases import NullPhase, Phase
+from gpumon.client.reporter import callback_reporter
 
 
 class ReporterOwner:
@@ -67,7 +70,7 @@ class ReporterOwner:
             defaults["device"] = device  # mapped to an NVML GPU through CUDA_VISIBLE_DEVICES by the SDK
         if resumed_step > 0:  # a fresh run sends no resumed_step at all, as an SDK without the field would
             defaults["resumed_step"] = resumed_step
-        self.reporter = Reporter(**{**defaults, **self._kwargs})
+        self.reporter = callback_reporter(**{**defaults, **self._kwargs})
 
     def _resume(self, step: int) -> None:
         """Tell the caller's Reporter the global step this run resumed from (an owned one got it from _open).
