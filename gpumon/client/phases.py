@@ -39,6 +39,13 @@ class Phase:
             self.seconds += _perf() - self._start
         # below 0: an exit without its enter (a block entered before a fork, say) is ignored
 
+    def _discard(self) -> None:
+        """Leave the block without counting its time: the framework callbacks hold ``data_wait`` open from
+        their last hook before a fetch, and a later hook (a validation, a save, the epoch's end) shows that
+        the time since was not spent waiting for data."""
+        if self._depth > 0:
+            self._depth -= 1
+
 
 class NullPhase:
     """What a disabled Reporter, or a bad phase name, hands out."""
@@ -49,6 +56,9 @@ class NullPhase:
         return self
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        return None
+
+    def _discard(self) -> None:
         return None
 
 

@@ -112,6 +112,38 @@ def _assert_live(recorder: Recorder, job: str) -> dict[str, Any]:
     return final
 
 
+class SlowRows:
+    """A map-style dataset whose every item takes ``sleep`` seconds to load (in this process: the
+    DataLoaders here have no workers), so a batch of ``n`` rows takes ``n * sleep``; ``loaded`` counts the
+    items, and ``probe`` (called at the first item) sees what the daemon is told while the loop waits."""
+
+    def __init__(self, items: list[Any], sleep: float, probe: Probe | None = None) -> None:
+        self.items, self.sleep, self.probe = items, sleep, probe
+        self.loaded = 0
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, index: int) -> Any:
+        self.loaded += 1
+        time.sleep(self.sleep)
+        if self.probe is not None and self.loaded == 1:
+            self.probe("fetch")
+        return self.items[index]
+
+    @property
+    def injected(self) -> float:
+        return self.loaded * self.sleep
+
+
+def _assert_data_wait(final: dict[str, Any], rows: SlowRows) -> None:
+    """The run's data_wait is the loading the loop waited for, within 10 %: at least the sleeps (nothing
+    else was in the dataset), at most 10 % more (the loop's own work between the hooks, batch by batch)."""
+    booked = final["phases"].get("data_wait", 0.0)
+    assert rows.loaded > 0
+    assert rows.injected <= booked <= rows.injected * 1.1, (booked, rows.injected)
+
+
 @pytest.fixture
 def recorder() -> Iterator[Recorder]:
     rec = Recorder()
@@ -169,21 +201,26 @@ def _hf_trainer(
     eval_sets: int = 1,
     eval_error: BaseException | None = None,
     probe: Probe | None = None,
+    rows: int = 40,
+    fetch_sleep: float = 0.0,
     **overrides: Any,
 ) -> Any:
     """A tiny GPT-2 Trainer. ``slow_eval``: an eval set whose metrics take that long to compute (counted in
     ``trainer.evaluations``; the metric ``order`` is that count), ``eval_sets`` of them (named a, b, ...);
     ``slow_save``: each checkpoint's model save takes that long (counted in ``trainer.saves``).
     ``eval_error``: raised by the metrics after their sleep. ``probe``: called after each sleep, with
-    "evaluate" or "save"."""
+    "evaluate" or "save", and at the first training row's loading with "fetch". ``rows``: the training
+    set's; ``fetch_sleep``: the time each of them takes to load (the set is then ``trainer.train_rows``, a
+    SlowRows)."""
     transformers = require("transformers")
     require("accelerate")
     torch = require("torch")
     torch.manual_seed(0)
     config = transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64, n_positions=32)
     model = transformers.GPT2LMHeadModel(config)
-    tokens = torch.randint(0, 64, (40, 16))
+    tokens = torch.randint(0, 64, (max(rows, 8), 16))
     dataset = [{"input_ids": row, "labels": row} for row in tokens]
+    slow_rows = SlowRows(dataset[:rows], fetch_sleep, probe)
     settings: dict[str, Any] = {
         "output_dir": str(tmp_path),
         "max_steps": 5,
@@ -201,6 +238,7 @@ def _hf_trainer(
 
     class Trainer(transformers.Trainer):
         evaluations = saves = 0
+        train_rows = slow_rows
 
         def save_model(self, *args: Any, **kwargs: Any) -> None:
             Trainer.saves += 1
@@ -224,7 +262,7 @@ def _hf_trainer(
     return Trainer(
         model=model,
         args=transformers.TrainingArguments(**settings),
-        train_dataset=dataset,
+        train_dataset=slow_rows if fetch_sleep else dataset[:rows],
         eval_dataset=eval_dataset,
         compute_metrics=compute_metrics if slow_eval else None,
         callbacks=[callback],
@@ -250,7 +288,7 @@ def test_hf_trainer_reports_steps_tokens_samples_and_phases(recorder: Recorder, 
     assert final["anchor"]["steps"] == 1
     assert final["dtype"] == "fp32"
     assert (final["rank"], final["world_size"]) == (0, 1)
-    assert set(final["phases"]) == {"forward_backward", "optimizer"}
+    assert set(final["phases"]) == {"data_wait", "forward_backward", "optimizer"}
     assert all(seconds > 0 for seconds in final["phases"].values())
     assert callback.reporter is None  # closed and dropped: a second train() starts a new incarnation
 
@@ -289,7 +327,7 @@ def test_hf_trainer_times_evaluation_and_checkpoints(recorder: Recorder, tmp_pat
     final = recorder.final("hf-badput")
     assert final["totals"]["steps"] == 4
     phases = final["phases"]
-    assert set(phases) == {"forward_backward", "optimizer", "evaluation", "checkpoint"}
+    assert set(phases) == {"data_wait", "forward_backward", "optimizer", "evaluation", "checkpoint"}
     # the eval metrics' on_log (after the slow metrics) must not restart the evaluation's clock
     assert phases["evaluation"] >= trainer.evaluations * slow_eval
     assert phases["checkpoint"] >= trainer.saves * slow_save
@@ -407,7 +445,8 @@ def test_hf_announced_phases_that_never_come_are_left_at_the_next_step() -> None
     hook("on_train_begin")
     assert callback.held_phase == "evaluation"  # eval_on_start evaluates right after on_train_begin
     hook("on_evaluate", metrics={})
-    assert callback.held_phase is None  # no save follows an eval_on_start, best-model strategy or not
+    # no save follows an eval_on_start, best-model strategy or not: the first batches are waited for
+    assert callback.held_phase == "data_wait"
     hook("on_step_begin")
     hook("on_step_end", control(evaluate=True, save=True))
     assert callback.held_phase == "evaluation"
@@ -416,13 +455,52 @@ def test_hf_announced_phases_that_never_come_are_left_at_the_next_step() -> None
     hook("on_step_end", control(save=True))
     assert callback.held_phase == "checkpoint"
     hook("on_save")
-    assert callback.held_phase is None
+    assert callback.held_phase == "data_wait"
     hook("on_step_end", control(save=True))
     hook("on_train_end")  # an announced save that never came ends with the run
     assert callback.held_phase is None
     phases = reporter.totals["phases"]
     assert phases["evaluation"] > 0 and phases["checkpoint"] > 0
     hook("on_evaluate", metrics={})  # trainer.evaluate() after train(): not timed
+    assert callback.held_phase is None
+    reporter.close(timeout=0.1)
+
+
+def test_hf_data_wait_counts_only_the_span_the_next_step_ends() -> None:
+    require("transformers")
+    from gpumon.client import Reporter
+    from gpumon.client.integrations.huggingface import GpumonCallback
+
+    reporter = Reporter(job="hf-unit-wait", enabled=True, url="http://127.0.0.1:9", interval=60.0)
+    callback = GpumonCallback(reporter)
+    args = SimpleNamespace(train_batch_size=4, gradient_accumulation_steps=1, save_strategy="steps")
+    state = SimpleNamespace(global_step=0)
+    quiet = SimpleNamespace(should_evaluate=False, should_save=False, should_log=False)
+
+    def hook(name: str, pause: float = 0.0) -> float:
+        """Sleep ``pause`` (the loop's work before the hook), call it; the data_wait booked so far."""
+        time.sleep(pause)
+        getattr(callback, name)(args, state, quiet)
+        return float(reporter.totals["phases"].get("data_wait", 0.0))
+
+    hook("on_train_begin")
+    hook("on_epoch_begin")
+    first = hook("on_step_begin", 0.1)  # the epoch's iterator and first batch
+    assert 0.1 <= first < 0.2
+    hook("on_step_end")
+    # a save no flag announced (a callback after this one asked for it) is a checkpoint, not a wait
+    assert hook("on_save", 0.1) == first
+    assert reporter.totals["phases"]["checkpoint"] >= 0.1
+    second = hook("on_step_begin", 0.05)
+    assert 0.05 <= second - first < 0.1
+    hook("on_step_end")
+    assert hook("on_log", 0.1) == second  # logging, the loss's .item() waiting for the GPU: no wait either
+    third = hook("on_step_begin", 0.05)
+    assert 0.05 <= third - second < 0.1
+    hook("on_step_end")
+    # the epoch's and the run's end: no batch followed the last step
+    assert hook("on_epoch_end", 0.1) == third
+    assert hook("on_train_end", 0.1) == third
     assert callback.held_phase is None
     reporter.close(timeout=0.1)
 
@@ -459,6 +537,59 @@ def test_hf_trainer_resumed_from_checkpoint_reports_its_step(recorder: Recorder,
     assert reporter.totals["phases"]["evaluation"] == evaluation
     reporter.close()
     assert recorder.final("hf-resumed-own")["resumed_step"] == 2
+
+
+@pytest.mark.parametrize("grad_accum", [1, 2])
+def test_hf_trainer_books_a_slow_input_pipeline_as_data_wait(
+    recorder: Recorder, tmp_path: Path, grad_accum: int
+) -> None:
+    require("transformers")
+    from gpumon.client.integrations.huggingface import GpumonCallback
+
+    # 6 batches of 4 rows an epoch and 4 optimizer steps: the run crosses into a second epoch (a new
+    # iterator); with accumulation every micro-batch is fetched before its step's on_step_begin
+    job = f"hf-wait-{grad_accum}"
+    callback = GpumonCallback(seq_len=16, job=job, url=recorder.url, interval=60.0)
+    trainer = _hf_trainer(
+        tmp_path, callback, grad_accum, max_steps=4, rows=24, fetch_sleep=0.03, logging_strategy="steps",
+        logging_steps=1,
+    )  # fmt: skip
+    trainer.train()
+
+    final = recorder.final(job)
+    assert final["totals"]["steps"] == 4
+    # a batch of 4 rows takes 0.12 s; at least one per micro-batch (accelerate's loader reads one ahead)
+    assert trainer.train_rows.loaded >= 4 * grad_accum * 4
+    _assert_data_wait(final, trainer.train_rows)
+    assert "open_phases" not in final
+
+
+def test_hf_trainer_books_no_evaluation_or_checkpoint_as_data_wait(
+    recorder: Recorder, tmp_path: Path
+) -> None:
+    require("transformers")
+    from gpumon.client.integrations.huggingface import GpumonCallback
+
+    slow_eval, slow_save = 0.6, 0.6
+    callback = GpumonCallback(seq_len=16, job="hf-wait-badput", url=recorder.url, interval=0.05)
+    probe, seen = _probe(recorder, "hf-wait-badput", lambda: callback.reporter)
+    trainer = _hf_trainer(
+        tmp_path, callback, 2, max_steps=4, rows=24, fetch_sleep=0.03, slow_eval=slow_eval,
+        slow_save=slow_save, probe=probe, eval_strategy="steps", eval_steps=2, save_strategy="steps",
+        save_steps=2, logging_strategy="steps", logging_steps=1,
+    )  # fmt: skip
+    trainer.train()
+
+    assert (trainer.evaluations, trainer.saves) == (2, 2)  # at steps 2 and 4, between fetches
+    # while the loop waited for data the daemon was told so, and only that
+    assert seen[0] == ("fetch", {"data_wait"})
+    final = recorder.final("hf-wait-badput")
+    _assert_data_wait(final, trainer.train_rows)
+    phases = final["phases"]
+    assert phases["evaluation"] >= 2 * slow_eval
+    assert phases["checkpoint"] >= 2 * slow_save
+    assert max(_open(body, "data_wait") for body in recorder.of("hf-wait-badput")) > 0.0
+    assert "open_phases" not in final
 
 
 def test_hf_callback_rejects_ambiguous_token_count() -> None:
@@ -529,11 +660,14 @@ def _tiny_lm(val_sleep: float = 0.0, sanity_sleep: float = 0.0, save_sleep: floa
     return TinyLM()
 
 
-def _token_rows(rows: int) -> Any:
+def _token_rows(rows: int, fetch_sleep: float = 0.0, probe: Probe | None = None) -> Any:
+    """Batches of 4 rows of 16 tokens; with ``fetch_sleep`` each row takes that long to load (the dataset,
+    a SlowRows, is the loader's ``dataset``)."""
     torch = require("torch")
-    return torch.utils.data.DataLoader(
-        torch.utils.data.TensorDataset(torch.randint(0, 64, (rows, 16))), batch_size=4
-    )
+    data = torch.utils.data.TensorDataset(torch.randint(0, 64, (rows, 16)))
+    if fetch_sleep:
+        data = SlowRows([data[i] for i in range(rows)], fetch_sleep, probe)
+    return torch.utils.data.DataLoader(data, batch_size=4)
 
 
 def _lightning_trainer(*callbacks: Any, **overrides: Any) -> Any:
@@ -571,7 +705,7 @@ def test_lightning_reports_every_micro_batch_per_optimizer_step(recorder: Record
     # 5 optimizer steps x 2 accumulated batches x 4 rows x 16 tokens
     assert final["totals"] == {"steps": 5, "tokens": 5 * 8 * 16, "samples": 5 * 8, "requests": 0}
     assert final["dtype"] == "fp32"
-    assert set(final["phases"]) == {"forward_backward", "optimizer"}
+    assert set(final["phases"]) == {"data_wait", "forward_backward", "optimizer"}
     assert all(seconds > 0 for seconds in final["phases"].values())
     assert callback.reporter is None
 
@@ -605,7 +739,7 @@ def test_lightning_times_validation_and_checkpoints(recorder: Recorder, tmp_path
     final = recorder.final("pl-badput")
     assert final["totals"]["steps"] == 4
     phases = final["phases"]
-    assert set(phases) == {"forward_backward", "optimizer", "evaluation", "checkpoint"}
+    assert set(phases) == {"data_wait", "forward_backward", "optimizer", "evaluation", "checkpoint"}
     assert phases["evaluation"] >= module.validations * 2 * val_sleep
     assert phases["evaluation"] < sanity_sleep  # the sanity check is no evaluation of the run
     assert phases["checkpoint"] >= module.saves * save_sleep
@@ -647,6 +781,53 @@ def test_lightning_reports_validation_and_checkpoints_while_they_run(
     assert phases["evaluation"] < 2 * val_sleep + save_sleep / 2  # the save inside it was taken out
     assert phases["checkpoint"] < save_sleep + val_sleep / 2
     assert callback.held_phase is None
+
+
+@pytest.mark.parametrize("accumulate", [1, 2])
+def test_lightning_books_a_slow_input_pipeline_as_data_wait(recorder: Recorder, accumulate: int) -> None:
+    require("lightning")
+    from gpumon.client.integrations.lightning import GpumonCallback
+
+    job = f"pl-wait-{accumulate}"
+    callback = GpumonCallback(job=job, url=recorder.url, interval=60.0)
+    # 6 batches an epoch, two epochs: each epoch's first batch comes from a new iterator
+    loader = _token_rows(24, fetch_sleep=0.03)
+    _lightning_trainer(callback, max_steps=-1, max_epochs=2, accumulate_grad_batches=accumulate).fit(
+        _tiny_lm(), loader
+    )
+
+    final = recorder.final(job)
+    assert final["totals"]["steps"] == 12 // accumulate
+    assert loader.dataset.loaded == 2 * 24  # every micro-batch's fetch, each a wait of 0.12 s
+    _assert_data_wait(final, loader.dataset)
+    assert "open_phases" not in final
+
+
+def test_lightning_books_no_validation_or_checkpoint_as_data_wait(recorder: Recorder, tmp_path: Path) -> None:
+    pl = require("lightning.pytorch")
+    from gpumon.client.integrations.lightning import GpumonCallback
+
+    val_sleep, save_sleep = 0.3, 0.6  # two validation batches: 0.6 s a validation
+    callback = GpumonCallback(job="pl-wait-badput", url=recorder.url, interval=0.05)
+    saver = pl.callbacks.ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=2, save_top_k=-1)
+    trainer = _lightning_trainer(
+        callback, saver, max_steps=4, val_check_interval=2, limit_val_batches=2, num_sanity_val_steps=0,
+        accumulate_grad_batches=1,
+    )  # fmt: skip
+    module = _tiny_lm(val_sleep=val_sleep, save_sleep=save_sleep)
+    module.probe, seen = _probe(recorder, "pl-wait-badput", lambda: callback.reporter)
+    loader = _token_rows(40, fetch_sleep=0.03, probe=module.probe)
+    trainer.fit(module, loader, _token_rows(8))
+
+    assert (module.validations, module.saves) == (2, 2)  # after steps 2 and 4, between fetches
+    # while the loop waited for data the daemon was told so, and only that
+    assert seen[0] == ("fetch", {"data_wait"})
+    final = recorder.final("pl-wait-badput")
+    _assert_data_wait(final, loader.dataset)
+    phases = final["phases"]
+    assert phases["evaluation"] >= 2 * 2 * val_sleep
+    assert phases["checkpoint"] >= 2 * save_sleep
+    assert "open_phases" not in final
 
 
 def test_lightning_failing_validation_leaves_the_evaluation(recorder: Recorder) -> None:

@@ -15,6 +15,23 @@ Phases, host wall-clock between the Trainer's own hooks (no GPU sync is added): 
 ``on_step_begin`` to ``on_pre_optimizer_step`` (all micro-batches, plus gradient clipping), ``optimizer`` from
 there to ``on_optimizer_step``. Transformers versions without those two hooks report neither.
 
+``data_wait``: the time the loop waited for its batches, from the Trainer's last hook before it fetches them
+to the ``on_step_begin`` that follows. The Trainer (5.x, ``get_batch_samples``) fetches all of an
+optimizer step's ``gradient_accumulation_steps`` micro-batches before ``on_step_begin``, so every
+micro-batch's fetch is in it; nothing is fetched between micro-batches. It holds the DataLoader's
+``next()`` (the wait on its workers, or loading and collating in this process), accelerate's move of the
+batch to the device, the count of the batch's label tokens, and what else runs in the loop after the last
+hook (usually far shorter than a fetch). It runs from ``on_step_end`` (or ``on_epoch_end``), or from the
+hook that ends what runs after it: a training ``on_log``, ``on_evaluate``, ``on_predict``, ``on_save``; an
+epoch's first step from ``on_epoch_begin`` (the epoch's new iterator, its workers starting, and the first
+fetch). Not counted: evaluation and saves (below), logging, the end of an epoch or of training (no batch
+follows the last step): a span is counted only when ``on_step_begin`` ends it. It is held open live, so
+a long wait is not taken for a stall; when another hook comes first, the time since the last one is
+discarded (the daemon may have seen it running for part of a second, and then books that much of the next
+wait less). With CUDA, anything in the fetch that waits for the GPU (a blocking copy, an ``.item()``)
+waits for the previous step's kernels, and that time is counted too. Transformers versions that fetch
+micro-batches one at a time inside the step show only the first micro-batch's fetch.
+
 Evaluation and checkpointing are badput to the daemon's goodput ledger, which counts them as they run, so
 both are held open live (the Reporter's ``evaluation`` and ``checkpoint`` phases entered when they start and
 left when they end, never both at once): every report while one runs shows it in ``open_phases``, and a long
@@ -43,7 +60,8 @@ The Trainer has no hook before an evaluation or a save starts. But its callbacks
 - ``checkpoint`` opens at ``on_evaluate`` when a save follows the evaluation, else at the step's or epoch's
   end, and closes at ``on_save``. With ``save_strategy="best"`` the Trainer decides whether to save only
   after ``on_evaluate``: ``checkpoint`` opens there all the same, and when no save follows it closes at the
-  next ``on_step_begin`` or ``on_epoch_begin`` (the next batch's loading counted with it) or ``on_train_end``.
+  next ``on_step_begin`` or ``on_epoch_begin`` (the next batches' loading counted with it, not as
+  ``data_wait``) or ``on_train_end``.
 - An evaluation no flag announced (a callback after this one set ``should_evaluate``; every eval dataset
   after the first; ``trainer.predict()`` during training, up to its ``on_predict``) opens at its first
   ``on_prediction_step``. A save no flag announced is added at its ``on_save``, after the fact (too late for
@@ -55,8 +73,7 @@ The Trainer has no hook before an evaluation or a save starts. But its callbacks
 ``trainer.evaluate()`` outside ``train()`` is no run's badput and is not timed. The Trainer has no exception
 hook: a ``train()`` that raises inside an evaluation or save leaves that phase open until this callback's
 next ``on_train_begin`` (a retry, ``auto_find_batch_size``'s too) or the Reporter's close (an owned one at
-interpreter exit); an ``evaluate()`` in between is still counted as this run's. The rest of the gap between
-steps (logging with no evaluation or save after it) is not reported, and not as ``data_wait`` either.
+interpreter exit); an ``evaluate()`` in between is still counted as this run's.
 """
 
 from __future__ import annotations
@@ -73,7 +90,7 @@ except ImportError as exc:  # gpumon.client itself must work without transformer
     ) from exc
 
 from gpumon.client import Reporter
-from gpumon.client.integrations.owner import ReporterOwner
+from gpumon.client.integrations.owner import DATA_WAIT, ReporterOwner
 
 log = logging.getLogger(__name__)
 
@@ -141,10 +158,13 @@ class GpumonCallback(TrainerCallback, ReporterOwner):
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
         self._between()
+        if self._training:
+            self._await_batch()  # the epoch's iterator (its workers starting) and first batches come next
 
     def on_step_begin(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
+        self._batch_arrived()
         self._between()
         self._t_step, self._t_opt = time.perf_counter(), None
 
@@ -177,9 +197,12 @@ class GpumonCallback(TrainerCallback, ReporterOwner):
     def on_log(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
-        # a training log's loss.item() waited for the GPU to finish the step: no unannounced save's time
-        if self._training and self._held is None:
+        # a training log's loss.item() waited for the GPU to finish the step: no unannounced save's time,
+        # and no wait for data
+        if self._training and self.held_phase in (None, DATA_WAIT):
             self._mark = time.perf_counter()
+            if self.held_phase == DATA_WAIT:
+                self._await_batch()
 
     def on_prediction_step(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
@@ -221,8 +244,9 @@ class GpumonCallback(TrainerCallback, ReporterOwner):
         if not self._training:
             return
         now = time.perf_counter()
-        if self._held is None and self.reporter is not None:
-            # a save no flag announced (a callback after this one asked for it): only after the fact
+        if self.held_phase in (None, DATA_WAIT) and self.reporter is not None:
+            # a save no flag announced (a callback after this one asked for it): only after the fact; the
+            # data_wait held meanwhile is discarded by _settle
             self.reporter.add_phase("checkpoint", now - self._mark)
         self._save_due = False
         self._mark = now
@@ -252,11 +276,14 @@ class GpumonCallback(TrainerCallback, ReporterOwner):
             self._hold(None)
 
     def _settle(self) -> None:
-        """Hold the phase running now: an evaluation (the Trainer's runs before its save), else a save."""
+        """Hold the phase running now: an evaluation (the Trainer's runs before its save), else a save,
+        else the wait for the next step's batches (discarded unless one comes next)."""
         if self._eval_due or self._predicting:
             self._hold("evaluation")
         elif self._save_due:
             self._hold("checkpoint")
+        elif self._training:
+            self._await_batch()
         else:
             self._hold(None)
 

@@ -8,9 +8,30 @@ and tokens of all batches since the previous one (so every accumulated micro-bat
 one info line says so. The callables run on every batch and must return Python ints read from shapes
 (``.numel()``), never values (``.sum().item()`` waits for the GPU). The callback adds no GPU sync of its own.
 
-Phases (automatic optimization only; host wall-clock): ``forward_backward`` from ``on_train_batch_start`` to
-``on_before_optimizer_step`` (or the batch end when accumulating), ``optimizer`` from there to the batch end.
-No data_wait: the gap between batches also holds validation, logging and checkpointing.
+Phases (host wall-clock): ``forward_backward`` from ``on_train_batch_start`` to ``on_before_optimizer_step``
+(or the batch end when accumulating), ``optimizer`` from there to the batch end (both with automatic
+optimization only). ``data_wait``: the time the loop waited for each batch, every accumulated micro-batch's
+too, measured between hooks, from the last one before the fetch to the ``on_train_batch_start`` that
+receives the batch:
+
+- within an epoch from ``on_train_batch_end``, or from the end of what ran after it (this callback's
+  ``on_validation_end``, a ``trainer.save_checkpoint`` returning): the DataLoader's ``next()`` (the wait on
+  its workers, or loading and collating in this process without them), Lightning's ``batch_to_device``,
+  and whatever else runs in the loop after those hooks (other callbacks' ``on_train_batch_end`` after
+  this one, logging, learning-rate schedulers; usually far shorter than a fetch);
+- an epoch's first batch from ``on_train_epoch_start``: the epoch's new DataLoader iterator (its workers
+  starting) and its first fetch. The first epoch's iterator is made before ``on_train_start``, in the
+  process's start-up;
+- not validation (``on_validation_start`` to ``on_validation_end``), nor checkpoint saves, nor what ran
+  before either of them in the gap, nor the end of an epoch (from the last batch to
+  ``on_train_epoch_end``, where no batch is fetched): a span is counted only when a batch ends it.
+
+It is held open live, like evaluation and checkpoint below, so a long wait is not taken for a stall; when
+validation, a save or the epoch's end comes first, the time since the hook is discarded (the daemon may
+have seen it running for part of a second, and then books that much of the next wait less). With CUDA,
+anything in the gap that waits for the GPU (a blocking copy of a pageable batch, a logged ``.item()``)
+waits for the previous step's kernels, and that time is counted too. Not seen: a ``training_step`` that
+takes ``dataloader_iter`` and fetches inside the step (its fetches are in ``forward_backward``).
 
 Evaluation and checkpointing are badput to the daemon's goodput ledger, which counts them as they run: both
 are held open live (``reporter.evaluation()`` / ``reporter.checkpoint()`` entered when they start and left
@@ -57,7 +78,7 @@ except ImportError:
         raise ImportError(f"gpumon's GpumonCallback needs Lightning: pip install lightning ({exc})") from exc
 
 from gpumon.client import Reporter
-from gpumon.client.integrations.owner import ReporterOwner
+from gpumon.client.integrations.owner import DATA_WAIT, ReporterOwner
 
 log = logging.getLogger(__name__)
 # Lightning's own batch-size inference (the first tensor's length), under either package name
@@ -111,9 +132,14 @@ class GpumonCallback(pl.Callback, ReporterOwner):
             self._resume(resumed)
         self._wrap_save_checkpoint(trainer)
 
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._running:
+            self._await_batch()  # the epoch's iterator (its workers starting) and first batch come next
+
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
+        self._batch_arrived()
         self._mark, self._in_optimizer = time.perf_counter(), False
 
     def on_before_optimizer_step(
@@ -141,6 +167,8 @@ class GpumonCallback(pl.Callback, ReporterOwner):
             tokens = self._tokens_per_step if self._tokens_per_step is not None else self._tokens
             self.reporter.step(tokens=tokens, samples=self._samples)
             self._samples = self._tokens = 0
+        if self._running:
+            self._await_batch()
 
     def _count(self, count: Callable[[Any], int], batch: Any) -> int:
         try:
@@ -161,7 +189,11 @@ class GpumonCallback(pl.Callback, ReporterOwner):
 
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self.held_phase == "evaluation":
-            self._hold(None)
+            self._await_batch()  # the next batch, unless the epoch or the run ends (that discards it)
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.held_phase == DATA_WAIT:
+            self._hold(None)  # no batch came since the last one: the epoch's end was no wait for data
 
     # no on_train_end: ModelCheckpoint's (save_last) runs after it, and that save is this run's checkpoint too
 

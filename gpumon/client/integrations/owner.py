@@ -13,6 +13,12 @@ added only after the fact would come too late once the ledger has called the gap
 one phase at a time (so phases stay disjoint), on the Reporter's own cached Phase timer, from the framework's
 hooks on the training-loop thread (the thread a Phase belongs to); every phase entered is left exactly once,
 at the latest when the Reporter is replaced, closed or flushed at the end of training.
+
+``data_wait`` is held the same way, between the framework's last hook before it fetches the next batch and
+the hook that receives it (``_await_batch`` and ``_batch_arrived``), so that a long wait (a DataLoader's
+workers starting at an epoch's start) is counted while it lasts, not taken for a stall. That span is only a
+wait when the batch does arrive: whatever hook comes first instead (a validation, a save, the epoch's end)
+shows it was something else, and leaving it any other way than ``_batch_arrived`` discards its time.
 """
 
 from __future__ import annotations
@@ -22,6 +28,8 @@ from typing import Any
 from gpumon.client import Reporter
 from gpumon.client.phases import NullPhase, Phase
 from gpumon.client.reporter import callback_reporter
+
+DATA_WAIT = "data_wait"
 
 
 class ReporterOwner:
@@ -42,18 +50,36 @@ class ReporterOwner:
         return None if held is None else held[0]
 
     def _hold(self, name: str | None) -> None:
-        """Hold phase ``name`` open (None: none), leaving the one held before first, so two never overlap.
-        Holding the phase already held changes nothing (it is not entered twice)."""
+        """Hold phase ``name`` open (None: none), leaving the one held before first, so two never overlap
+        (a ``data_wait`` left this way is discarded, see the module's docstring). Holding the phase already
+        held changes nothing (it is not entered twice)."""
         held = self._held
         if held is not None:
             if held[0] == name:
                 return
             self._held = None
-            held[1].__exit__(None, None, None)
+            if held[0] == DATA_WAIT:
+                held[1]._discard()
+            else:
+                held[1].__exit__(None, None, None)
         if name is not None and self.reporter is not None:
             phase = self.reporter.phase(name)
             phase.__enter__()
             self._held = (name, phase)
+
+    def _await_batch(self) -> None:
+        """From now on the loop may be fetching its next batch: hold ``data_wait``, its clock (re)started
+        here, since whatever ran before this hook was no fetch."""
+        if self.held_phase == DATA_WAIT:
+            self._hold(None)
+        self._hold(DATA_WAIT)
+
+    def _batch_arrived(self) -> None:
+        """The batch is here: the time since the last hook before it was the wait for it."""
+        held = self._held
+        if held is not None and held[0] == DATA_WAIT:
+            self._held = None
+            held[1].__exit__(None, None, None)
 
     def _open(
         self, dtype: object, rank: int, world_size: int, local_rank: int, device: Any, resumed_step: int = 0
