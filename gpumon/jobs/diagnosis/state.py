@@ -20,6 +20,7 @@ import threading
 from collections import deque
 from collections.abc import Hashable
 from dataclasses import dataclass, field
+from typing import Any
 
 REFERENCE_SECONDS = 600.0
 REFERENCE_EVERY = 5.0  # seconds between two samples of one key's speed
@@ -39,6 +40,12 @@ class _Speed:
     seen: float = 0.0
 
 
+def _forget(keys: dict[Hashable, Any], now: float) -> None:
+    """Drop the keys not evaluated for FORGET_SECONDS (a job that went, a rank that restarted)."""
+    for key in [k for k, v in keys.items() if now - v.seen > FORGET_SECONDS]:
+        del keys[key]
+
+
 class SpeedReference:
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -51,7 +58,9 @@ class SpeedReference:
         """``cost``: seconds per step (or per token) now; ``clean``: no clock limits in the window, so this
         speed can serve as the reference. Returns (fractional slowdown, what it is measured against)."""
         with self._lock:
-            self._prune(now)
+            if now - self._pruned >= 60.0:
+                self._pruned = now
+                _forget(self._keys, now)
             speed = self._keys.setdefault(key, _Speed())
             speed.seen = now
             if cost is None or cost <= 0:
@@ -64,13 +73,6 @@ class SpeedReference:
         if not recent:
             return None, None
         return cost / statistics.median(recent) - 1.0, "recent"
-
-    def _prune(self, now: float) -> None:
-        if now - self._pruned < 60.0:
-            return
-        self._pruned = now
-        for key in [k for k, s in self._keys.items() if now - s.seen > FORGET_SECONDS]:
-            del self._keys[key]
 
 
 @dataclass
@@ -91,7 +93,9 @@ class VerdictHold:
     def hold(self, key: Hashable, raw: str, now: float) -> str:
         """The verdict to show for ``key`` given this evaluation's ``raw`` one."""
         with self._lock:
-            self._prune(now)
+            if now - self._pruned >= 60.0:
+                self._pruned = now
+                _forget(self._keys, now)
             held = self._keys.get(key)
             if held is None or now < held.seen or _at_once(held.verdict, raw):
                 self._keys[key] = _Held(raw, seen=now)
@@ -104,13 +108,6 @@ class VerdictHold:
             elif now - held.since >= self.settle:
                 held.verdict, held.candidate = raw, None
             return held.verdict
-
-    def _prune(self, now: float) -> None:
-        if now - self._pruned < 60.0:
-            return
-        self._pruned = now
-        for key in [k for k, h in self._keys.items() if now - h.seen > FORGET_SECONDS]:
-            del self._keys[key]
 
 
 def _at_once(held: str, raw: str) -> bool:
