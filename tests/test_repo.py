@@ -179,5 +179,6 @@ def test_the_readme_quickstart_runs_as_written() -> None:
         d.stop()
     assert [re.sub(r" \S+$", "", line) for line in lines] == expected, out.stdout + out.stderr
     values = {re.sub(r" \S+$", "", line): float(line.rsplit(" ", 1)[1]) for line in lines}
-    assert values[expected[0]] > 0.5 and all(0.3 < values[k] < 0.5 for k in expected[4:6])
+    # llama-70b at its name's MFU; finetune, 45 % waiting on data, capped below its tensor cores' activity
+    assert values[expected[0]] > 0.5 and 0.1 < values[expected[4]] < 0.3 and 0.3 < values[expected[5]] < 0.5
     assert values[expected[6]] == values[expected[7]] == 1.0  # finetune input-bound, llama-70b compute-bound
