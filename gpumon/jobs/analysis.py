@@ -133,18 +133,20 @@ class Analysis:
         for v in views:
             for f in resolved[(v.report.job, v.report.rank)]:
                 pids_on.setdefault(f.key, set()).add(v.report.pid)
-        windows: dict[tuple[str, float], GpuWindow] = {}  # one per GPU and end, however many ranks share it
+        windows: dict[tuple[str, float, float], GpuWindow] = {}  # per GPU, end and span, however many ranks
         by_job: dict[str, list[RankResult]] = {}
         for v in views:
             if only is not None and v.report.job != only:
                 continue
-            # a finished rank is judged by the window that ended with its last report
+            # a finished rank is judged by the window that ended with its last report, and no process is
+            # judged by what its GPU did before it started (a run reusing a finished one's name)
             end = v.received if v.report.final else now
+            span = max(2.0, min(self.window, end - v.report.started))
             uses = []
             for f in resolved[(v.report.job, v.report.rank)]:
-                if (f.key, end) not in windows:
-                    windows[(f.key, end)] = self.history.window(f.status, end, self.window, f.mig)
-                w = windows[(f.key, end)]
+                if (f.key, end, span) not in windows:
+                    windows[(f.key, end, span)] = self.history.window(f.status, end, span, f.mig)
+                w = windows[(f.key, end, span)]
                 others = sorted(jobs_on[f.key] - {v.report.job})
                 if v.report.pid in w.pids_now:  # NVML sees this rank's pid: the others it lists are strangers
                     others += [f"pid {pid}" for pid in sorted(set(w.pids_now) - pids_on[f.key])]
@@ -172,6 +174,8 @@ class Analysis:
         ):
             exited = f"pid {r.pid} exited or was killed without its final report"
         signals = self._signals(rates, uses, mfu, r.pid, exited)
+        if r.devices and not uses:
+            signals = dataclasses.replace(signals, unknown_devices=tuple(r.devices))
         cost = _cost(rates)
         slowdown = self.speeds.slowdown(
             (r.job, r.rank),
@@ -181,7 +185,9 @@ class Analysis:
             self.store.baseline_steps.get(r.job) if rates.step_time_seconds is not None else None,
         )
         signals = dataclasses.replace(signals, slowdown=slowdown[0], slowdown_against=slowdown[1])
-        verdict = diagnose(signals, self.thresholds, lambda raw: self.holds.hold((r.job, r.rank), raw, now))
+        verdict = diagnose(
+            signals, self.thresholds, lambda raw: self.holds.hold((r.job, r.rank, r.incarnation), raw, now)
+        )
         return RankResult(v, rates, uses, peak, flops, mfu, tpj, signals, verdict, None)
 
     def _peak(self, v: RankView, uses: tuple[GpuUse, ...]) -> Peak:
@@ -305,9 +311,11 @@ class Analysis:
             slowdown=slowdown,
             slowdown_against=against,
             settled=all(s.settled for s in sig),
+            unknown_devices=tuple(dict.fromkeys(d for s in sig for d in s.unknown_devices)),
             **_gpu_signals(sig),
         )
-        verdict = diagnose(signals, self.thresholds, lambda raw: self.holds.hold((job,), raw, now))
+        runs = tuple(sorted(r.view.report.incarnation for r in ranks))  # a new run of the name starts afresh
+        verdict = diagnose(signals, self.thresholds, lambda raw: self.holds.hold((job, runs), raw, now))
         return JobResult(job, tuple(ranks), sum(known) if known else None, mfu, signals, verdict)
 
 

@@ -31,6 +31,9 @@ MAX_HISTORY = 1024
 # "now" for a GPU: its last sweep or two, not the whole window (a process killed 20 s ago left a GPU whose
 # window still averages busy, while it reads 0 %)
 NOW_SECONDS = 1.5
+# seconds of history kept beyond the window: a finished rank is judged for FINISHED_LINGER (30 s) after its
+# end by the window that ended then, which must not thin out as the GPU idles on
+KEEP_AFTER = 30.0
 
 
 class GpuPoint(NamedTuple):
@@ -176,6 +179,7 @@ class GpuHistory:
     def observe(self, snap: Snapshot | None, window: float) -> None:
         if snap is None or snap.sweep == self._seen:
             return
+        window += KEEP_AFTER  # a finished rank's window ends up to KEEP_AFTER seconds ago
         with self._lock:
             if snap.sweep == self._seen:
                 return
@@ -203,7 +207,7 @@ class GpuHistory:
         key = st.info.uuid if mig is None else mig.uuid
         with self._lock:
             # a window that ended earlier (a finished rank's) leaves out what came after it
-            points = [p for p in self._points.get(key, ()) if now - window <= p.t <= now + 1.0]
+            points = [p for p in self._points.get(key, ()) if now - window <= p.t <= now]
         r = st.reading
         used_bytes = None if r is None else r.memory_used_bytes
         total_bytes = None if r is None else r.memory_total_bytes

@@ -282,7 +282,7 @@ def test_an_impostor_with_the_live_incarnation_cannot_freeze_it_in_silence(node)
     # is not counted (409), instead of a 204 counted as a duplicate
     assert post(node, report(20, seq=500, t=now - 7, **live)).status_code == 204
     r = post(node, report(30, seq=12, t=now, **live))
-    assert r.status_code == 409 and "two processes (pids 100 and 100) send incarnation 'live'" in r.text
+    assert r.status_code == 409 and "two senders in one process (pid 100) send incarnation 'live'" in r.text
     outcomes = samples(node.get("/metrics").text, "gpumon_ingest_reports_total")
     assert outcomes[(("outcome", "duplicate"),)] == 0
 

@@ -111,6 +111,12 @@ def diagnose(s: Signals, t: Thresholds, settle: Callable[[str], str] | None = No
     if ev["throttled"].met and verdict != "throttled":
         findings.append("clocks_limited")
         notes.append(clocks_note(s))
+    if s.unknown_devices:
+        findings.append("unknown_device")
+        notes.append(
+            f"device {', '.join(repr(d) for d in s.unknown_devices)} names no GPU of this node (NVML indexes "
+            "or GPU-/MIG- UUIDs as NVML lists them): no GPU signal is known"
+        )
     if s.shared_with:
         findings.append("gpu_shared")
         notes.append(shared_note(s))

@@ -111,6 +111,8 @@ class Signals:
     slowdown_against: str | None = None  # "baseline" or "recent"
     # the rates and the GPU window cover enough time to set one against the other (cross-checks wait for it)
     settled: bool = True
+    # the devices the rank named, none of which is a GPU of this node (a typo, another node's index)
+    unknown_devices: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
