@@ -227,3 +227,14 @@ def test_a_verdict_changes_only_after_it_settles_and_facts_at_once() -> None:
     assert hold.hold("k", "compute", 32.0) == "compute", "progress resuming is a fact"
     assert hold.hold("first", "undetermined", 0.0) == "undetermined"
     assert hold.hold("first", "input", 1.0) == "input", "out of undetermined at once"
+
+
+def test_a_device_this_node_does_not_have_is_said(gpu) -> None:
+    _, sampler = gpu
+    snap = sampler.sweep()
+    s = store()
+    ingest_rank(s, "typo", pid=101, devices=["12"])
+    (job,) = Analysis(s, lambda: snap).jobs()
+    assert "unknown_device" in job.verdict.findings
+    assert any("'12' names no GPU of this node" in n for n in job.verdict.notes)
+
