@@ -237,4 +237,3 @@ def test_a_device_this_node_does_not_have_is_said(gpu) -> None:
     (job,) = Analysis(s, lambda: snap).jobs()
     assert "unknown_device" in job.verdict.findings
     assert any("'12' names no GPU of this node" in n for n in job.verdict.notes)
-
