@@ -29,9 +29,9 @@ from gpumon.jobs.window import Rates, measure
 log = logging.getLogger(__name__)
 # "3g.40gb": a GPU instance of 3 slices; "1c.3g.71gb": a compute instance of 1 slice inside one
 _MIG_SLICES = re.compile(r"^(?:(\d+)c\.)?(\d+)g\.")
-MIG_COMPUTE_SLICES = 7.0
+MIG_COMPUTE_SLICES = 7.0  # A100, H100, H200: a "1g" instance has one seventh of the SMs
 # a rate span and GPU samples this long before MFU is set against tensor activity
-SETTLED_SECONDS, SETTLED_POINTS = 10.0, 10  # A100, H100, H200: a "1g" instance has one seventh of the SMs
+SETTLED_SECONDS, SETTLED_POINTS = 10.0, 10
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,12 +126,10 @@ class Analysis:
         sharers: dict[str, int] = {}
         jobs_on: dict[str, set[str]] = {}
         pids_on: dict[str, set[int]] = {}
-        for (job, _), founds in resolved.items():
-            for f in founds:
-                sharers[f.key] = sharers.get(f.key, 0) + 1
-                jobs_on.setdefault(f.key, set()).add(job)
         for v in views:
             for f in resolved[(v.report.job, v.report.rank)]:
+                sharers[f.key] = sharers.get(f.key, 0) + 1
+                jobs_on.setdefault(f.key, set()).add(v.report.job)
                 pids_on.setdefault(f.key, set()).add(v.report.pid)
         windows: dict[tuple[str, float, float], GpuWindow] = {}  # per GPU, end and span, however many ranks
         by_job: dict[str, list[RankResult]] = {}
@@ -276,19 +274,16 @@ class Analysis:
         progressing = [s.progressing for s in sig if s.progressing is not None]
         shared = [s for s in sig if s.shared_with]
         exited = [s.exited for s in sig if s.exited]
+        # seconds per step when every rank times its steps (and the baseline is one), else per token
         step_times = [r.rates.step_time_seconds for r in ranks]
-        cost = mean(step_times) if all(x is not None for x in step_times) else None
-        if cost is None and known:
-            cost = 1.0 / sum(known) if sum(known) > 0 else None
-        throttled = _max([s.throttled_share for s in sig])
+        timed = all(x is not None for x in step_times)
+        cost = mean(step_times) if timed else (1.0 / sum(known) if known and sum(known) > 0 else None)
         slowdown, against = self.speeds.slowdown(
             (job,),
             cost if any(progressing) else None,
-            not throttled,
+            not _max([s.throttled_share for s in sig]),
             now,
-            self.store.baseline_steps.get(job)
-            if cost is not None and all(x is not None for x in step_times)
-            else None,
+            self.store.baseline_steps.get(job) if timed else None,
         )
         signals = Signals(
             progressing=any(progressing) if progressing else None,

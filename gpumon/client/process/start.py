@@ -27,6 +27,14 @@ def process_start_time(stat: str = "/proc/self/stat", uptime: str = "/proc/uptim
     try:
         with open(stat, "rb") as f:
             raw = f.read()
+    except OSError:
+        return None
+    return start_from_stat(raw, uptime)
+
+
+def start_from_stat(raw: bytes, uptime: str = "/proc/uptime") -> float | None:
+    """Unix seconds when the process whose /proc/PID/stat is ``raw`` started, or None."""
+    try:
         with open(uptime, "rb") as f:
             since_boot = float(f.read().split()[0])
         now = time.time()

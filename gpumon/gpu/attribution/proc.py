@@ -150,6 +150,15 @@ def start_time(stat: bytes) -> int | None:
         return None
 
 
+def running(stat: bytes) -> bool:
+    """The process of this /proc/PID/stat has not died: a zombie (killed, not yet reaped by its parent)
+    keeps its /proc entry, but its threads and its GPU context are gone."""
+    try:
+        return stat[stat.rindex(b")") + 2 : stat.rindex(b")") + 3] not in (b"Z", b"X")
+    except ValueError:
+        return False
+
+
 def real_uid(status: bytes) -> int | None:
     for line in status.splitlines():
         if line.startswith(b"Uid:"):

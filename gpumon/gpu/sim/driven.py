@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from gpumon.gpu.attribution.proc import real_uid, start_time
+from gpumon.gpu.attribution.proc import real_uid, running, start_time
 from gpumon.gpu.sim.catalog import MiB
 from gpumon.gpu.sim.device import SimGpu, SimProcess
 from gpumon.gpu.sim.dynamics import ALLREDUCE, CHECKPOINT, COMPUTE, DATA_WAIT, MIXED, Job, Workload
@@ -249,12 +249,10 @@ def _shares(spent: Mapping[str, float], wall: float) -> dict[str, float]:
 
 
 def _running(stat: str) -> bool:
-    """The process exists and is not a zombie (killed, not yet reaped: its GPU context is gone)."""
     try:
         with open(stat, "rb") as f:
-            raw = f.read(4096)
-        return raw[raw.rindex(b")") + 2 : raw.rindex(b")") + 3] not in (b"Z", b"X")
-    except (OSError, ValueError):
+            return running(f.read(4096))
+    except OSError:
         return False
 
 

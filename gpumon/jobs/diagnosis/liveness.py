@@ -14,7 +14,8 @@ import os
 import threading
 from dataclasses import dataclass
 
-from gpumon.client.process.start import process_start_time
+from gpumon.client.process.start import start_from_stat
+from gpumon.gpu.attribution.proc import running
 
 CHECK_EVERY = 1.0  # seconds between looks at one process
 SLACK = 2.0  # seconds: /proc/uptime and the two clocks read 10 ms apart, plus a report's rounding
@@ -35,18 +36,13 @@ class Liveness:
         self._seen: dict[tuple[str, int, str], _Seen] = {}  # (job, rank, incarnation)
 
     def _start(self, pid: int) -> float | None:
-        """When the process started; None when it is gone, or dead and not yet reaped (a zombie keeps its
-        /proc entry until its parent waits for it, and has left its GPU)."""
-        stat = os.path.join(self._proc, str(pid), "stat")
+        """When the process started; None when it is gone, or dead and not yet reaped."""
         try:
-            with open(stat, "rb") as f:
+            with open(os.path.join(self._proc, str(pid), "stat"), "rb") as f:
                 raw = f.read(4096)
-            state = raw[raw.rindex(b")") + 2 : raw.rindex(b")") + 3]
-        except (OSError, ValueError):
+        except OSError:
             return None
-        if state in (b"Z", b"X"):
-            return None
-        return process_start_time(stat, os.path.join(self._proc, "uptime"))
+        return start_from_stat(raw, os.path.join(self._proc, "uptime")) if running(raw) else None
 
     def gone(
         self,
