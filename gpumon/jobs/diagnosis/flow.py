@@ -20,6 +20,7 @@ from gpumon.jobs.diagnosis.wording import (
     link_use,
     shared_note,
     summary,
+    unknown_device_note,
 )
 
 
@@ -29,21 +30,15 @@ def _check(signal: str, value: float | None, threshold: float, op: str, unit: st
 
 
 def diagnose(s: Signals, t: Thresholds, settle: Callable[[str], str] | None = None) -> Verdict:
-    """``settle``: given this window's verdict, the one to show (verdict_state.VerdictHold's, so one
-    window's excursion does not flip it)."""
+    """``settle``: given this window's verdict, the one to show (state.VerdictHold's, so one window's
+    excursion does not flip it)."""
     link = link_use(s)
     activity = s.sm_active if s.sm_active is not None else s.utilization
-    now = s.utilization_now if s.utilization_now is not None else s.utilization
     ev = {
-        "utilization_idle": _check("gpu_utilization_now", now, t.idle_utilization, "<"),
+        "utilization_idle": _check("gpu_utilization_now", s.current_utilization, t.idle_utilization, "<"),
         # the GPU idles while the loop waits: below low_utilization, or idle at least half as long as the
         # loop waits (25 % waiting with the GPU 75 % busy is input-bound; 20 % with it 98 % busy is not)
-        "utilization_low": _check(
-            "gpu_utilization",
-            s.utilization,
-            max(t.low_utilization, 1.0 - (s.data_wait_share or 0.0) / 2),
-            "<",
-        ),
+        "utilization_low": _check("gpu_utilization", s.utilization, _idles_enough(s, t), "<"),
         "data_wait": _check("data_wait_share", s.data_wait_share, t.data_wait_share, ">="),
         "communication": _check("communication_share", s.communication_share, t.communication_share, ">="),
         "link": _check("link_utilization", link, t.link_busy, ">="),
@@ -113,10 +108,7 @@ def diagnose(s: Signals, t: Thresholds, settle: Callable[[str], str] | None = No
         notes.append(clocks_note(s))
     if s.unknown_devices:
         findings.append("unknown_device")
-        notes.append(
-            f"device {', '.join(repr(d) for d in s.unknown_devices)} names no GPU of this node (NVML indexes "
-            "or GPU-/MIG- UUIDs as NVML lists them): no GPU signal is known"
-        )
+        notes.append(unknown_device_note(s))
     if s.shared_with:
         findings.append("gpu_shared")
         notes.append(shared_note(s))

@@ -114,6 +114,11 @@ class Signals:
     # the devices the rank named, none of which is a GPU of this node (a typo, another node's index)
     unknown_devices: tuple[str, ...] = ()
 
+    @property
+    def current_utilization(self) -> float | None:
+        """The GPU's utilisation now, else over the window (a GPU read once has no "now" of its own)."""
+        return self.utilization_now if self.utilization_now is not None else self.utilization
+
 
 @dataclass(frozen=True, slots=True)
 class Evidence:

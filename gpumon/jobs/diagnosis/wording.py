@@ -70,6 +70,13 @@ def clocks_note(s: Signals) -> str:
     return f"thermal or hardware clock limits in {_pct(s.throttled_share)} of samples; {impact}"
 
 
+def unknown_device_note(s: Signals) -> str:
+    return (
+        f"device {', '.join(repr(d) for d in s.unknown_devices)} names no GPU of this node (NVML indexes "
+        "or GPU-/MIG- UUIDs as NVML lists them): no GPU signal is known"
+    )
+
+
 def shared_note(s: Signals) -> str:
     who = ", ".join(s.shared_with)
     if s.own_utilization:
@@ -127,11 +134,11 @@ _SUMMARIES: dict[str, Callable[[Signals], str]] = {
 
 
 def _utilization_now(s: Signals) -> str:
-    return f"utilisation {_pct(s.utilization_now if s.utilization_now is not None else s.utilization)}"
+    return f"utilisation {_pct(s.current_utilization)}"
 
 
 def _gpu_now(s: Signals) -> str:
-    now = s.utilization_now if s.utilization_now is not None else s.utilization
+    now = s.current_utilization
     if now is None:
         return "its GPU's utilisation is not measured"
     state = "idle" if now < Thresholds.idle_utilization else "still busy"
