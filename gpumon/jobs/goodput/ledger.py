@@ -147,7 +147,7 @@ class Ledger:
             self.steps_redone += min(self._steps, max(0.0, self._high - self._base))
             self._high = max(self._high, self._base + self._steps)
             left -= before
-            self._absorb_before_first_step(r, before)
+            self._absorb_before_first_step(r, before, r.anchor_time)
         for phase in CLAIMING_PHASES:
             left -= self._claim(phase, r, left)
         self._after_claims(r, left, baseline_step)
@@ -157,13 +157,12 @@ class Ledger:
         self._hist = _histogram(r)
         self._to = r.time
 
-    def _absorb_before_first_step(self, r: Report, before: float) -> None:
+    def _absorb_before_first_step(self, r: Report, before: float, first: float) -> None:
         """Phase time that arrives with the first step may be from before it, start-up's already: as much
         as the ``before`` seconds hold, but never what the report places after the first step. That is a
         running phase's time since the first step, and the data waits of the steps after it (one wait per
         step, evenly, as everywhere in the ledger: only the first step's came before it)."""
-        assert r.anchor_time is not None
-        since_first = max(0.0, r.time - r.anchor_time)
+        since_first = max(0.0, r.time - first)
         steps = max(1.0, r.totals.steps)
         budget = before
         for phase, seconds in _claimable(r).items():
