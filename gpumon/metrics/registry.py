@@ -23,7 +23,8 @@ DETAILS: dict[str, str] = {
     "default keeps the cumulative throttle time per reason and a 0/1 series only for the "
     "throughput-costing reasons without one (hw_slowdown)",
     "process-utilization": "SM and memory utilisation of each process and the time of its newest sample "
-    "(3 per process; one more NVML call per GPU with processes)",
+    "(3 per process; one more NVML call per GPU with one process, which a GPU running several makes anyway "
+    "for the diagnosis)",
     "profiling-detail": "the FP64, FP32 and FP16 pipes, the profiler's own PCIe and NVLink rates and where "
     "the counters come from (8 per GPU); PCIe and NVLink traffic stay as byte counters",
     "event-types": "every NVML event type counted from 0 and the types registered (19 more per H100); the "
