@@ -15,7 +15,7 @@ import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from gpumon.gpu.snapshot import Snapshot
 from gpumon.jobs import peaks
@@ -41,6 +41,7 @@ class GpuUse:
     sharers: int  # ranks on this node using the same GPU (or MIG device)
     # other jobs on this node using it, and processes NVML lists on it that belong to no rank here
     shared_with: tuple[str, ...] = ()
+    labelled: tuple[str, ...] = ()  # the same, each with the GPU's index, as the diagnosis names them
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,6 +133,8 @@ class Analysis:
                 jobs_on.setdefault(f.key, set()).add(v.report.job)
                 pids_on.setdefault(f.key, set()).add(v.report.pid)
         windows: dict[tuple[str, float, float], GpuWindow] = {}  # per GPU, end and span, however many ranks
+        # per GPU and job (and whether NVML lists the rank's pid): one list of neighbours, not one per rank
+        neighbours: dict[tuple[str, str, bool], tuple[tuple[str, ...], tuple[str, ...]]] = {}
         by_job: dict[str, list[RankResult]] = {}
         for v in views:
             if only is not None and v.report.job != only:
@@ -145,10 +148,14 @@ class Analysis:
                 if (f.key, end, span) not in windows:
                     windows[(f.key, end, span)] = self.history.window(f.status, end, span, f.mig)
                 w = windows[(f.key, end, span)]
-                others = sorted(jobs_on[f.key] - {v.report.job})
-                if v.report.pid in w.pids_now:  # NVML sees this rank's pid: the others it lists are strangers
-                    others += [f"pid {pid}" for pid in sorted(set(w.pids_now) - pids_on[f.key])]
-                uses.append(GpuUse(w, f.via, sharers[f.key], tuple(others)))
+                # NVML lists this rank's pid: the others it lists are strangers
+                found = (f.key, v.report.job, v.report.pid in w.pids_now)
+                if found not in neighbours:
+                    others = sorted(jobs_on[f.key] - {v.report.job})
+                    if found[2]:
+                        others += [f"pid {pid}" for pid in sorted(set(w.pids_now) - pids_on[f.key])]
+                    neighbours[found] = tuple(others), tuple(f"{o} (GPU {w.index})" for o in others)
+                uses.append(GpuUse(w, f.via, sharers[f.key], *neighbours[found]))
             by_job.setdefault(v.report.job, []).append(self._rank(v, tuple(uses), now))
         if only is None:
             self.liveness.forget({(v.report.job, v.report.rank, v.report.incarnation) for v in views})
@@ -171,21 +178,9 @@ class Analysis:
             (r.job, r.rank, r.incarnation), r.pid, r.started, r.process_started, now
         ):
             exited = f"pid {r.pid} exited or was killed without its final report"
-        signals = self._signals(rates, uses, mfu, r.pid, exited)
-        if r.devices and not uses:
-            signals = dataclasses.replace(signals, unknown_devices=tuple(r.devices))
-        cost = _cost(rates)
-        slowdown = self.speeds.slowdown(
-            (r.job, r.rank),
-            cost if rates.progressing else None,
-            not signals.throttled_share,
-            now,
-            self.store.baseline_steps.get(r.job) if rates.step_time_seconds is not None else None,
-        )
-        signals = dataclasses.replace(signals, slowdown=slowdown[0], slowdown_against=slowdown[1])
-        verdict = diagnose(
-            signals, self.thresholds, lambda raw: self.holds.hold((r.job, r.rank, r.incarnation), raw, now)
-        )
+        signals = self._signals(v, rates, uses, mfu, exited, now)
+        key = (r.job, r.rank, r.incarnation)  # a restarted process starts afresh
+        verdict = diagnose(signals, self.thresholds, lambda raw: self.holds.hold(key, raw, now))
         return RankResult(v, rates, uses, peak, flops, mfu, tpj, signals, verdict, None)
 
     def _peak(self, v: RankView, uses: tuple[GpuUse, ...]) -> Peak:
@@ -225,8 +220,15 @@ class Analysis:
             )
 
     def _signals(
-        self, rates: Rates, uses: tuple[GpuUse, ...], mfu: float | None, pid: int, exited: str | None
+        self,
+        v: RankView,
+        rates: Rates,
+        uses: tuple[GpuUse, ...],
+        mfu: float | None,
+        exited: str | None,
+        now: float,
     ) -> Signals:
+        r = v.report
         w = [u.window for u in uses]
         nvlink = []
         for g in w:
@@ -236,7 +238,14 @@ class Analysis:
                 nvlink.append(g.nvlink_bytes_per_second / capacity)
         down = [g for g in w if not g.up]
         shared = [u for u in uses if u.shared_with]
-        own = [u.window.process_utilization.get(pid) for u in shared]
+        gpu = _gpu_signals([_attributed(u, r.pid) for u in uses])
+        slowdown, against = self.speeds.slowdown(
+            (r.job, r.rank),
+            _cost(rates) if rates.progressing else None,
+            not gpu["throttled_share"],
+            now,
+            self.store.baseline_steps.get(r.job) if rates.step_time_seconds is not None else None,
+        )
         return Signals(
             progressing=rates.progressing,
             gpu_down=(f"GPU {down[0].index}: {down[0].down_reason or 'not answering'}" if down else None),
@@ -248,16 +257,19 @@ class Analysis:
             ooms=rates.ooms,
             finished=rates.finished,
             exited=exited,
-            utilization_now=mean([_own_now(u, pid) for u in uses]),
-            shared_with=tuple(
-                dict.fromkeys(f"{o} (GPU {u.window.index})" for u in shared for o in u.shared_with)
-            ),
+            utilization_now=mean([_own_now(u, r.pid) for u in uses]),
+            shared_with=shared[0].labelled
+            if len(shared) == 1
+            else tuple(dict.fromkeys(o for u in shared for o in u.labelled)),
             shared_utilization=mean([u.window.utilization for u in shared]),
-            own_utilization=bool(shared) and all(x is not None for x in own),
+            own_utilization=bool(shared) and all(r.pid in u.window.process_utilization for u in shared),
+            slowdown=slowdown,
+            slowdown_against=against,
             settled=rates.span is not None
             and rates.span.seconds >= SETTLED_SECONDS
             and all(u.window.points >= SETTLED_POINTS for u in uses),
-            **_gpu_signals([_attributed(u, pid) for u in uses]),
+            unknown_devices=tuple(r.devices) if r.devices and not uses else (),
+            **gpu,
         )
 
     def _job(self, job: str, ranks: list[RankResult], now: float) -> JobResult:
@@ -326,15 +338,26 @@ def _gpu_signals(items: Sequence[object]) -> dict[str, Any]:
     return out
 
 
-def _attributed(u: GpuUse, pid: int) -> GpuWindow:
+class _Own(NamedTuple):
+    """A shared GPU's signals as far as they are one process's (read like a GpuWindow's)."""
+
+    utilization: float | None  # its own SM use, where NVML samples processes
+    pcie_utilization: float | None
+    throttled_share: float | None
+    memory_used_ratio: float | None
+    # the profiling counters cover the whole GPU: not attributable
+    sm_active: None = None
+    tensor_active: None = None
+    dram_active: None = None
+
+
+def _attributed(u: GpuUse, pid: int) -> GpuWindow | _Own:
     """The GPU's activity as far as it is this process's: on a GPU shared with other work, its own SM use
     where NVML samples processes, and nothing of the profiling counters, which cover the whole GPU."""
     if not u.shared_with:
         return u.window
-    own = u.window.process_utilization.get(pid)
-    return dataclasses.replace(
-        u.window, utilization=own, sm_active=None, tensor_active=None, dram_active=None
-    )
+    w = u.window
+    return _Own(w.process_utilization.get(pid), w.pcie_utilization, w.throttled_share, w.memory_used_ratio)
 
 
 def _own_now(u: GpuUse, pid: int) -> float | None:

@@ -24,7 +24,7 @@ MAX_TRACKED = 4096  # processes remembered; past this, the oldest looks are forg
 
 @dataclass(slots=True)
 class _Seen:
-    started: float  # the OS start time we confirmed for the pid
+    started: float | None  # the OS start time we confirmed for the pid; None: not confirmed (yet)
     checked: float
     gone: bool = False
 
@@ -60,16 +60,16 @@ class Liveness:
         start = self._start(pid) if pid > 0 else None
         with self._lock:
             seen = self._seen.get(key)
-            if seen is None:
-                if start is None or start > started + SLACK:
-                    return False  # not ours to see: another pid namespace, or already gone unconfirmed
-                if process_started is not None and abs(start - process_started) > SLACK:
-                    return False  # a process of the same number, not the one that reports
-                if len(self._seen) >= MAX_TRACKED:
+            if seen is None or seen.started is None:
+                # an unconfirmed pid is looked at again at most every CHECK_EVERY, like a confirmed one
+                confirmed = start is not None and start <= started + SLACK
+                if process_started is not None and start is not None and abs(start - process_started) > SLACK:
+                    confirmed = False  # a process of the same number, not the one that reports
+                if seen is None and len(self._seen) >= MAX_TRACKED:
                     oldest = min(self._seen, key=lambda k: self._seen[k].checked)
                     del self._seen[oldest]
-                self._seen[key] = _Seen(start, now)
-                return False
+                self._seen[key] = _Seen(start if confirmed else None, now)
+                return False  # not ours to see (another pid namespace), or not confirmed before it went
             seen.checked = now
             seen.gone = start is None or abs(start - seen.started) > SLACK
             return seen.gone
