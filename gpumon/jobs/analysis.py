@@ -239,12 +239,17 @@ class Analysis:
         down = [g for g in w if not g.up]
         shared = [u for u in uses if u.shared_with]
         gpu = _gpu_signals([_attributed(u, r.pid) for u in uses])
+        settled = (
+            rates.span is not None
+            and rates.span.seconds >= SETTLED_SECONDS
+            and all(u.window.points >= SETTLED_POINTS for u in uses)
+        )
         slowdown, against = self.speeds.slowdown(
             (r.job, r.rank),
-            _cost(rates) if rates.progressing else None,
-            not gpu["throttled_share"],
+            busy_cost(rates) if rates.progressing else None,
+            settled and not gpu["throttled_share"],
             now,
-            self.store.baseline_steps.get(r.job) if rates.step_time_seconds is not None else None,
+            _against_baseline(rates.step_time_seconds, self.store.baseline_steps.get(r.job)),
         )
         return Signals(
             progressing=rates.progressing,
@@ -265,9 +270,7 @@ class Analysis:
             own_utilization=bool(shared) and all(r.pid in u.window.process_utilization for u in shared),
             slowdown=slowdown,
             slowdown_against=against,
-            settled=rates.span is not None
-            and rates.span.seconds >= SETTLED_SECONDS
-            and all(u.window.points >= SETTLED_POINTS for u in uses),
+            settled=settled,
             unknown_devices=tuple(r.devices) if r.devices and not uses else (),
             **gpu,
         )
@@ -286,16 +289,20 @@ class Analysis:
         progressing = [s.progressing for s in sig if s.progressing is not None]
         shared = [s for s in sig if s.shared_with]
         exited = [s.exited for s in sig if s.exited]
-        # seconds per step when every rank times its steps (and the baseline is one), else per token
+        # busy seconds per step when every rank times its steps (and the baseline is one), else per token
         step_times = [r.rates.step_time_seconds for r in ranks]
         timed = all(x is not None for x in step_times)
-        cost = mean(step_times) if timed else (1.0 / sum(known) if known and sum(known) > 0 else None)
+        if timed:
+            cost = mean([busy_cost(r.rates) for r in ranks])
+        else:
+            side = mean([_side_share(r.rates) for r in ranks]) or 0.0
+            cost = (1.0 - side) / sum(known) if known and sum(known) > 0 else None
         slowdown, against = self.speeds.slowdown(
             (job,),
             cost if any(progressing) else None,
-            not _max([s.throttled_share for s in sig]),
+            all(s.settled for s in sig) and not _max([s.throttled_share for s in sig]),
             now,
-            self.store.baseline_steps.get(job) if timed else None,
+            _against_baseline(mean(step_times), self.store.baseline_steps.get(job)) if timed else None,
         )
         signals = Signals(
             progressing=any(progressing) if progressing else None,
@@ -366,11 +373,26 @@ def _own_now(u: GpuUse, pid: int) -> float | None:
     return u.window.utilization_now
 
 
-def _cost(rates: Rates) -> float | None:
-    """Seconds per step, else per token: what throttling would raise."""
+# phases that slower clocks do not lengthen, or whose number in a window varies (a checkpoint every N
+# steps): the reference speed leaves them out, or one window holding an extra checkpoint reads as throttling
+SIDE_PHASES = ("data_wait", "communication", "checkpoint", "evaluation")
+
+
+def _side_share(rates: Rates) -> float:
+    return min(0.95, sum(rates.phase_ratios.get(p, 0.0) for p in SIDE_PHASES))
+
+
+def busy_cost(rates: Rates) -> float | None:
+    """Busy seconds per step, else per token: what throttling would raise."""
+    busy = 1.0 - _side_share(rates)
     if rates.step_time_seconds is not None:
-        return rates.step_time_seconds
-    return 1.0 / rates.tokens_per_second if rates.tokens_per_second else None
+        return rates.step_time_seconds * busy
+    return busy / rates.tokens_per_second if rates.tokens_per_second else None
+
+
+def _against_baseline(step_time: float | None, baseline: float | None) -> tuple[float, float] | None:
+    """Seconds per step now and the baseline's, where both are known: a baseline records whole steps."""
+    return (step_time, baseline) if step_time is not None and baseline else None
 
 
 def _finite(x: float) -> float | None:

@@ -124,10 +124,13 @@ class Scenario:
         return "; ".join(parts)
 
 
-def _steady(name: str, device: int, bottleneck: str, args: str = "", **kw: Any) -> Scenario:
+def _steady(
+    name: str, device: int, bottleneck: str, args: str = "", faults: tuple[str, ...] = (), **kw: Any
+) -> Scenario:
     """One loop on one GPU from the start, one verdict for its job."""
     expect = Expect(name, bottleneck, **kw)
-    return Scenario(name, args or "compute only", (expect,), (Loop(name, device, args),))
+    description = " ".join([args or "compute only"] + [f"--sim-fault {f}" for f in faults])
+    return Scenario(name, description, (expect,), (Loop(name, device, args),), faults=faults)
 
 
 COMPUTE_CLEAN = ("flops_per_token_high", "mfu_above_peak", "gpu_shared", "finished")
@@ -247,8 +250,10 @@ SCENARIOS: tuple[Scenario, ...] = (
     _steady(
         "flops-per-token-high", 21, "compute", "--declare-fpt-factor 1.6", findings=("flops_per_token_high",)
     ),
-    _steady("checkpoint-heavy", 22, "compute", "--every 20:checkpoint:3"),
-    _steady("evaluation-heavy", 23, "compute", "--every 30:evaluation:8"),
+    # clocks limited for 40 s that the loop does not pay for: how many checkpoints (or evaluations) a window
+    # holds varies, and that must not read as the throttling's cost
+    _steady("checkpoint-heavy", 22, "compute", "--every 20:checkpoint:3", faults=("slowdown:22=1.43@30+40",)),
+    _steady("evaluation-heavy", 23, "compute", "--every 30:evaluation:8", faults=("slowdown:23=1.43@35+40",)),
     Scenario(
         "readme-walkthrough",
         "the README's demo node (llama-70b on 0-5, finetune on 6-7) and examples/train_tiny.py --device 0 "

@@ -2,9 +2,11 @@
 
 Each evaluation (a scrape, an API read) sees one window of signals. Two questions need more than that:
 
-- did throttling cost the job anything? Its seconds per step now against its seconds per step while its
-  GPUs were not throttled, over the last REFERENCE_SECONDS (the median, so a slow phase of its own does
-  not become the reference), or against its baseline when one is recorded;
+- did throttling cost the job anything? Its busy seconds per step now (the step less the phases
+  throttling does not slow: waits, checkpoints, evaluation, whose count in a window varies) against the
+  same while its GPUs were not throttled, over the last REFERENCE_SECONDS (the median, so a slow phase of
+  its own does not become the reference), or its seconds per step against its baseline's when one is
+  recorded;
 - is a new verdict real, or one window's excursion? A verdict between two bottlenecks changes only once the
   new one has held for SETTLE_SECONDS of evaluations, and so does one between idle and stalled, and a claim
   given up for "undetermined"; facts (a GPU down, a process gone, progress stopping or resuming), a way out
@@ -53,10 +55,17 @@ class SpeedReference:
         self._pruned = 0.0
 
     def slowdown(
-        self, key: Hashable, cost: float | None, clean: bool, now: float, baseline: float | None = None
+        self,
+        key: Hashable,
+        cost: float | None,
+        clean: bool,
+        now: float,
+        baseline: tuple[float, float] | None = None,
     ) -> tuple[float | None, str | None]:
-        """``cost``: seconds per step (or per token) now; ``clean``: no clock limits in the window, so this
-        speed can serve as the reference. Returns (fractional slowdown, what it is measured against)."""
+        """``cost``: busy seconds per step (or per token) now; ``clean``: no clock limits in a settled
+        window, so this speed can serve as the reference; ``baseline``: (seconds per step now, the
+        baseline's), compared instead when given. Returns (fractional slowdown, what it is measured
+        against)."""
         with self._lock:
             if now - self._pruned >= 60.0:
                 self._pruned = now
@@ -68,8 +77,8 @@ class SpeedReference:
             if clean and (not speed.samples or now - speed.samples[-1][0] >= REFERENCE_EVERY):
                 speed.samples.append((now, cost))
             recent = [c for t, c in speed.samples if now - t <= REFERENCE_SECONDS]
-        if baseline is not None and baseline > 0:
-            return cost / baseline - 1.0, "baseline"
+        if baseline is not None and baseline[1] > 0:
+            return baseline[0] / baseline[1] - 1.0, "baseline"
         if not recent:
             return None, None
         return cost / statistics.median(recent) - 1.0, "recent"
