@@ -140,6 +140,8 @@ def _memory_lines(m: dict[str, Any] | None) -> list[str]:
     if e:
         parts = " + ".join(f"{name.replace('_', ' ')} {_gib(b)}" for name, b in e["parts_bytes"].items())
         setup = f"ZeRO {e['zero_stage']}, " if e["kind"] == "train" else ""
+        if e["kind"] == "train" and e.get("offload", "none") != "none":
+            setup += f"{e['offload']} offloaded to the host, "
         out.append(
             f"      estimate ({setup}micro-batch {e['micro_batch']}): {_gib(e['total_bytes'])} = {parts}"
         )

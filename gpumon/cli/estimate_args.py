@@ -11,7 +11,7 @@ from typing import Any
 
 from gpumon.client.model import CONVENTIONS, PRESETS, ModelSpec, preset
 from gpumon.config import ConfigError
-from gpumon.estimate.breakdown import CHECKPOINTING, DTYPES, OPTIMIZERS, ZERO_STAGES, Setup
+from gpumon.estimate.breakdown import CHECKPOINTING, DTYPES, OFFLOADS, OPTIMIZERS, ZERO_STAGES, Setup
 
 _SHAPE = ("layers", "hidden", "heads", "vocab", "seq")  # what a model without --model must give
 _OPTIONAL_SHAPE = ("kv_heads", "head_dim", "ffn_hidden")
@@ -69,6 +69,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         choices=CHECKPOINTING,
         default="none",
         help="activation recomputation (default none)",
+    )
+    t.add_argument(
+        "--offload",
+        choices=OFFLOADS,
+        default="none",
+        help="optimizer: the optimizer step on the host, gradients and optimizer states in host memory "
+        "(DeepSpeed ZeRO-Offload; needs --zero 1 or more). Default none",
     )
     t.add_argument(
         "--flash-attention",
@@ -152,6 +159,7 @@ def setup(args: argparse.Namespace) -> Setup:
             checkpointing=args.checkpointing,
             flash_attention=args.flash_attention,
             zero=int(args.zero),
+            offload=args.offload,
             dp=_int(args.dp, "--dp") or 1,
             tp=_int(args.tp, "--tp") or 1,
             sequence_parallel=args.sequence_parallel,

@@ -72,6 +72,8 @@ def _describe_setup(st: Setup) -> str:
     if st.flash_attention:
         parts.append("flash attention")
     parts += [f"ZeRO-{st.zero}", f"dp {st.dp}", f"tp {st.tp}"]
+    if st.offload != "none":
+        parts.append(f"{st.offload} offloaded to the host")
     if st.sequence_parallel:
         parts.append("sequence parallel")
     return ", ".join(parts)

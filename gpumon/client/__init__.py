@@ -25,7 +25,7 @@ every argument is optional. Left None:
 - enabled: false when GPUMON_REPORT is 0/false/no/off; every call is then a no-op;
 - resumed_step: none (a fresh run); the global step of the checkpoint this process resumed from;
 - micro_batch, zero_stage, setup: none; with a model (a ModelSpec or a preset name), what the daemon's memory
-  estimate needs (setup: optimizer, checkpointing, flash_attention, tp, sequence_parallel).
+  estimate needs (setup: optimizer, checkpointing, offload, flash_attention, tp, sequence_parallel).
 
 Hot path, none of which does I/O, waits, touches the GPU or raises: ``step(tokens=0, samples=0)`` once per
 optimizer step; ``with reporter.phase(name):`` (or the shortcuts data_wait, forward_backward, communication,

@@ -48,7 +48,7 @@ them, and an SDK whose report a daemon refuses for an unknown field resends with
                       {"device", one of MEMORY_FIELDS: non-negative integers}
 ``setup``             what the memory estimator needs, or null: {"model": the shape as MODEL_FIELDS,
                       "micro_batch", "zero_stage", and optionally "optimizer", "checkpointing",
-                      "flash_attention", "tp", "sequence_parallel"}
+                      "offload", "flash_attention", "tp", "sequence_parallel"}
 
 All counters are cumulative for the incarnation, so a lost or late report loses nothing: the next one carries
 the totals. The daemon answers 204 on success, 4xx with ``{"detail": reason}`` otherwise (400/422 malformed,
@@ -86,6 +86,7 @@ SETUP_FLAGS = ("flash_attention", "sequence_parallel")  # true or false in a rep
 SETUP_CHOICES = {
     "optimizer": ("adamw", "adam", "sgd", "none"),
     "checkpointing": ("none", "selective", "full"),
+    "offload": ("none", "optimizer"),
 }
 DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8")
 CONVENTIONS = ("palm", "megatron", "user")

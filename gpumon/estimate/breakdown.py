@@ -34,6 +34,7 @@ __all__ = [
     "CHECKPOINTING",
     "DTYPES",
     "DTYPE_BYTES",
+    "OFFLOADS",
     "OPTIMIZERS",
     "ZERO_STAGES",
     "Estimate",
@@ -48,6 +49,9 @@ __all__ = [
 ]
 
 ZERO_STAGES = (0, 1, 2, 3)
+# where the optimizer step runs: on the GPU, or on the host (DeepSpeed's ZeRO-Offload, offload_optimizer:
+# cpu), which moves the gradients and the optimizer states to host memory and leaves the bf16 weights
+OFFLOADS = ("none", "optimizer")
 _OPTIMIZER_NOTE = {
     ("mixed", "adam"): "fp32 master + m + v",
     ("mixed", "sgd"): "fp32 master + momentum",
@@ -71,6 +75,7 @@ class Setup:
     checkpointing: str = "none"
     flash_attention: bool = False
     zero: int = 0
+    offload: str = "none"
     dp: int = 1
     tp: int = 1
     sequence_parallel: bool = False
@@ -84,11 +89,14 @@ class Setup:
             ("optimizer", self.optimizer, OPTIMIZERS),
             ("checkpointing", self.checkpointing, CHECKPOINTING),
             ("zero", self.zero, ZERO_STAGES),
+            ("offload", self.offload, OFFLOADS),
             ("flops convention", self.convention, CONVENTIONS),
         ]
         for name, value, allowed in choices:
             if value not in allowed or isinstance(value, bool):
                 raise ValueError(f"{name} {value!r}: use one of {', '.join(map(str, allowed))}")
+        if self.offload != "none" and self.zero == 0:
+            raise ValueError("optimizer offload is part of ZeRO: needs a ZeRO stage of 1 or more")
         if self.sequence_parallel and self.tp == 1:
             raise ValueError(
                 "sequence parallelism splits activations across tensor-parallel ranks: needs tp > 1"
@@ -150,8 +158,9 @@ def estimate(spec: ModelSpec, setup: Setup) -> Estimate:
     per_gpu = total / st.tp
     wb, gb, ob = state_bytes_per_parameter(st.dtype, st.optimizer)
     weights = per_gpu * wb / (st.dp if st.zero >= 3 else 1)
-    grads = per_gpu * gb / (st.dp if st.zero >= 2 else 1)
-    opt = per_gpu * ob / (st.dp if st.zero >= 1 else 1)
+    host = st.offload == "optimizer"  # gradients and optimizer states live on the host
+    grads = 0.0 if host else per_gpu * gb / (st.dp if st.zero >= 2 else 1)
+    opt = 0.0 if host else per_gpu * ob / (st.dp if st.zero >= 1 else 1)
     e = activation_element_bytes(st.dtype)
     s, b, h, a, v = spec.seq_len, st.batch, spec.hidden, spec.heads, spec.vocab
     per_layer = activation_bytes_per_layer(
@@ -191,8 +200,10 @@ def estimate(spec: ModelSpec, setup: Setup) -> Estimate:
         "non_embedding_parameters": "N: parameters - input token (and position) embeddings",
         "parameters_per_gpu": "P/tp",
         "weights": f"P{tp_div}{shard(3)} x {wb} B",
-        "gradients": f"P{tp_div}{shard(2)} x {gb} B",
-        "optimizer_states": f"P{tp_div}{shard(1)} x {ob} B ({opt_note})",
+        "gradients": "0: on the host (optimizer offload)" if host else f"P{tp_div}{shard(2)} x {gb} B",
+        "optimizer_states": "0: on the host (optimizer offload)"
+        if host
+        else f"P{tp_div}{shard(1)} x {ob} B ({opt_note})",
         "activations": f"{layers} + {outputs} B (Korthikanti et al. 2022)",
         "inference_weights": f"P{tp_div} x {serve_bytes} B",
         "kv_cache": f"2·L·kv_heads·head_dim·s·b x {serve_bytes} B"

@@ -17,12 +17,15 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from gpumon.estimate.breakdown import Estimate
 from gpumon.gpu.snapshot import Snapshot
 from gpumon.jobs import peaks
 from gpumon.jobs.diagnosis import Signals, Thresholds, Verdict, diagnose, straggler_scores
 from gpumon.jobs.diagnosis.liveness import Liveness
 from gpumon.jobs.diagnosis.state import SpeedReference, VerdictHold
 from gpumon.jobs.gpus import Found, GpuHistory, GpuWindow, mean, resolve
+from gpumon.jobs.memoryview import rank_estimate
+from gpumon.jobs.report import Report
 from gpumon.jobs.store import JobStore, RankView
 from gpumon.jobs.window import Rates, measure
 
@@ -272,6 +275,7 @@ class Analysis:
             slowdown_against=against,
             settled=settled,
             unknown_devices=tuple(r.devices) if r.devices and not uses else (),
+            **_setup_signals(r, uses),
             **gpu,
         )
 
@@ -326,6 +330,7 @@ class Analysis:
             slowdown_against=against,
             settled=all(s.settled for s in sig),
             unknown_devices=tuple(dict.fromkeys(d for s in sig for d in s.unknown_devices)),
+            **_worst_setup(sig),
             **_gpu_signals(sig),
         )
         runs = tuple(sorted(r.view.report.incarnation for r in ranks))  # a new run of the name starts afresh
@@ -371,6 +376,46 @@ def _own_now(u: GpuUse, pid: int) -> float | None:
     if u.shared_with and pid in u.window.process_utilization:
         return u.window.process_utilization[pid]
     return u.window.utilization_now
+
+
+def _setup_signals(r: Report, uses: tuple[GpuUse, ...]) -> dict[str, float | None]:
+    """The declared setup's estimate per GPU (the estimator's result is cached per setup), the allocator's
+    peak, and the smallest HBM among the rank's GPUs."""
+    est = rank_estimate(r) if r.kind == "train" and r.setup is not None else None
+    m = r.memory
+    peak = (
+        None
+        if m is None
+        else (m.allocated_peak_bytes if m.allocated_peak_bytes is not None else m.allocated_bytes)
+    )
+    hbm = [u.window.memory_total_bytes for u in uses if u.window.memory_total_bytes]
+    return {
+        "setup_estimate_bytes": est.train_total_bytes if isinstance(est, Estimate) else None,
+        "allocated_peak_bytes": None if peak is None else float(peak),
+        "hbm_bytes": float(min(hbm)) if hbm else None,
+    }
+
+
+def _setup_off(s: Signals) -> float:
+    est = s.setup_estimate_bytes
+    if not est:
+        return -1.0
+    if s.hbm_bytes and est > s.hbm_bytes:
+        return math.inf
+    return 0.0 if s.allocated_peak_bytes is None else abs(s.allocated_peak_bytes / est - 1.0)
+
+
+def _worst_setup(sig: list[Signals]) -> dict[str, float | None]:
+    """The job's setup signals are its rank's furthest from its estimate (ranks of one job declare one setup;
+    a rank that differs is the one to show)."""
+    if not sig:
+        return {}
+    w = max(sig, key=_setup_off)
+    return {
+        "setup_estimate_bytes": w.setup_estimate_bytes,
+        "allocated_peak_bytes": w.allocated_peak_bytes,
+        "hbm_bytes": w.hbm_bytes,
+    }
 
 
 # phases that slower clocks do not lengthen, or whose number in a window varies (a checkpoint every N

@@ -51,7 +51,7 @@ def rank_estimate(r: Report, zero: int | None = None) -> Estimate | str | None:
         "dp": max(1, r.world_size // tp),  # data-parallel ranks: ZeRO shards over them
         "convention": r.flops_convention if r.flops_convention in ("palm", "megatron") else "palm",
     }
-    for key in ("optimizer", "checkpointing", "flash_attention", "sequence_parallel"):
+    for key in ("optimizer", "checkpointing", "offload", "flash_attention", "sequence_parallel"):
         if key in s:
             setup[key] = s[key]
     model: Mapping[str, Any] = s["model"]
@@ -89,6 +89,7 @@ def estimate_json(est: Estimate, train: bool) -> dict[str, Any]:
     return {
         "kind": "train" if train else "inference",
         "zero_stage": est.setup.zero,
+        "offload": est.setup.offload,
         "micro_batch": est.setup.batch,
         "parts_bytes": parts,
         "total_bytes": sum(parts.values()),

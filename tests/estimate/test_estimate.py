@@ -160,6 +160,28 @@ def test_zero_stages_shard_over_dp() -> None:
     assert states(3) == (2 * P / 4, 2 * P / 4, 12 * P / 4)
 
 
+def test_optimizer_offload_leaves_the_weights_and_activations_on_the_gpu() -> None:
+    on_gpu = estimate(TINY, Setup(zero=3, dp=4))
+    off = estimate(TINY, Setup(zero=3, dp=4, offload="optimizer"))
+    assert (off.weights_bytes, off.gradients_bytes, off.optimizer_states_bytes) == (2 * P / 4, 0, 0)
+    assert off.activations_bytes == on_gpu.activations_bytes
+    assert "host" in off.formulas["optimizer_states"]
+    with pytest.raises(ValueError, match="ZeRO stage of 1 or more"):
+        Setup(offload="optimizer")
+    with pytest.raises(ValueError, match="offload 'params'"):
+        Setup(zero=3, offload="params")
+
+
+def test_the_cli_takes_an_offload(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run_cli(capsys, *TINY_FLAGS, "--zero", "3", "--dp", "4", "--offload", "optimizer")
+    assert code == 0, err
+    text = " ".join(out.split())
+    assert "ZeRO-3, dp 4, tp 1, optimizer offloaded to the host" in text
+    assert "optimizer states 0 B 0: on the host (optimizer offload)" in text
+    code, _, err = run_cli(capsys, *TINY_FLAGS, "--offload", "optimizer")
+    assert code == 2 and "needs a ZeRO stage of 1 or more" in err and "Traceback" not in err
+
+
 def test_tensor_parallel_divides_state_and_activations() -> None:
     est = estimate(TINY, Setup(tp=2))
     assert est.parameters_per_gpu == P / 2

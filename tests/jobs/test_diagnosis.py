@@ -225,6 +225,32 @@ def test_mfu_above_the_tensor_cores_activity_names_the_declared_flops() -> None:
     assert "flops_per_token_high" not in diagnose(shared, T).findings
 
 
+def test_a_declared_setup_the_memory_contradicts_is_a_finding() -> None:
+    gib = float(1 << 30)
+
+    def findings(est: float, peak: float | None, hbm: float = 80 * gib, settled: bool = True) -> list[str]:
+        held = None if peak is None else peak * gib
+        s = Signals(
+            progressing=True, setup_estimate_bytes=est * gib, allocated_peak_bytes=held, hbm_bytes=hbm,
+            settled=settled, **BUSY,
+        )  # fmt: skip
+        v = diagnose(s, T)
+        assert len([n for n in v.notes if "declared setup" in n]) == ("setup_mismatch" in v.findings)
+        return list(v.findings)
+
+    assert "setup_mismatch" in findings(189.4, 57.8)  # llama3-70b ZeRO-3 over 6 ranks, as the demo once was
+    assert "setup_mismatch" in findings(189.4, None), "cannot fit in HBM, whatever the allocator says"
+    assert "setup_mismatch" in findings(30.0, 45.0), "50 % above: a lower ZeRO stage than declared"
+    assert "setup_mismatch" not in findings(36.1, 36.1)
+    assert "setup_mismatch" not in findings(30.0, 38.0), "27 % off: within the estimate's reach"
+    assert "setup_mismatch" not in findings(3.0, 4.5), "50 % but 1.5 GiB: buffers no estimate has"
+    assert "setup_mismatch" not in findings(189.4, 57.8, settled=False), "the peak is still growing"
+    v = diagnose(
+        Signals(progressing=True, setup_estimate_bytes=100 * gib, allocated_peak_bytes=50 * gib, **BUSY), T
+    )
+    assert any("50 % below the declared setup's estimate of 100.0 GiB" in n for n in v.notes), v.notes
+
+
 def test_a_settle_function_holds_the_previous_verdict() -> None:
     v = diagnose(Signals(progressing=True, data_wait_share=0.2, utilization=0.5), T, lambda raw: "compute")
     assert v.bottleneck == "compute" and "input" in v.findings

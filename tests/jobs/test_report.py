@@ -207,7 +207,8 @@ def test_the_optional_fields_are_parsed() -> None:
             {"model": LLAMA, "micro_batch": 1, "optimizer": "lion"},
             "setup.optimizer: expected one of",
         ),
-        ("setup", {"model": LLAMA, "micro_batch": 1, "offload": True}, "setup: unknown field 'offload'"),
+        ("setup", {"model": LLAMA, "micro_batch": 1, "pipeline": 4}, "setup: unknown field 'pipeline'"),
+        ("setup", {"model": LLAMA, "micro_batch": 1, "offload": True}, "setup.offload: expected one of none"),
         (
             "setup",
             {"model": LLAMA, "micro_batch": 1, "flash_attention": 1},
@@ -224,7 +225,8 @@ def test_bad_optional_fields_are_refused_with_the_field_named(
 
 def test_the_protocol_choices_match_the_estimators() -> None:
     from gpumon.estimate.activations import CHECKPOINTING
+    from gpumon.estimate.breakdown import OFFLOADS
     from gpumon.estimate.memory import OPTIMIZERS
 
-    assert P.SETUP_CHOICES == {"optimizer": OPTIMIZERS, "checkpointing": CHECKPOINTING}
+    assert P.SETUP_CHOICES == {"optimizer": OPTIMIZERS, "checkpointing": CHECKPOINTING, "offload": OFFLOADS}
     assert set(P.MODEL_FIELDS) == {f.name for f in dataclasses.fields(ModelSpec)}

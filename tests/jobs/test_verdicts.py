@@ -12,9 +12,11 @@ import pytest
 from support.helpers import set_state
 from support.reports import report
 
+from gpumon.client.model import preset
 from gpumon.client.process.start import process_start_time
+from gpumon.client.protocol import MODEL_FIELDS
 from gpumon.gpu.sim.device import SimProcess
-from gpumon.jobs.analysis import Analysis, busy_cost
+from gpumon.jobs.analysis import SETTLED_POINTS, Analysis, busy_cost
 from gpumon.jobs.diagnosis.state import REFERENCE_EVERY, SpeedReference, VerdictHold
 from gpumon.jobs.jobjson import job_json
 from gpumon.jobs.report import parse
@@ -254,3 +256,29 @@ def test_a_device_this_node_does_not_have_is_said(gpu) -> None:
     (job,) = Analysis(s, lambda: snap).jobs()
     assert "unknown_device" in job.verdict.findings
     assert any("'12' names no GPU of this node" in n for n in job.verdict.notes)
+
+
+def test_a_declared_setup_that_cannot_be_the_one_running_is_said(gpu) -> None:
+    """llama3-70b, ZeRO 3 over six ranks, the optimizer on the GPU: ~189 GiB per GPU, on an 80 GB H100 whose
+    allocator holds 36 GiB. Declaring the optimizer on the host (what such a job must do) agrees."""
+    _, sampler = gpu
+    gib = 1 << 30
+    spec = preset("llama3-70b")
+    model = {f: getattr(spec, f) for f in MODEL_FIELDS}
+    memory = {
+        "device": 0, "allocated_bytes": 36 * gib, "allocated_peak_bytes": int(36.1 * gib),
+        "reserved_bytes": 40 * gib, "reserved_peak_bytes": 40 * gib, "alloc_retries": 0, "ooms": 0,
+    }  # fmt: skip
+    for offload, expected in (("none", True), ("optimizer", False)):
+        s = store()
+        setup = {"model": model, "micro_batch": 1, "zero_stage": 3, "checkpointing": "full"}
+        setup |= {"flash_attention": True, "offload": offload}
+        ingest_rank(s, f"big-{offload}", pid=101, world_size=6, setup=setup, memory=memory)
+        a = Analysis(s, sampler.sweep)
+        for _ in range(SETTLED_POINTS + 2):  # a GPU window of SETTLED_POINTS sweeps: the peak is reached
+            (job,) = a.jobs()
+        assert ("setup_mismatch" in job.verdict.findings) is expected, (offload, job.verdict.notes)
+        rank = job.ranks[0].verdict
+        assert ("setup_mismatch" in rank.findings) is expected
+        if expected:
+            assert any("more than the GPU's 79.6 GiB" in n for n in job.verdict.notes), job.verdict.notes

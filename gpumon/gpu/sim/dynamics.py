@@ -75,6 +75,9 @@ class Job:
     fill_ratio: float  # share of HBM the job ends up holding
     # a MIXED phase's share of time in each phase (driven.py); None for jobs that are in one phase at a time
     shares: Mapping[str, float] | None = None
+    # bytes the job holds on each of its GPUs, in place of fill_ratio (a --sim-job: what its declared setup
+    # needs, gpumon/gpu/sim/jobs.py)
+    fill_bytes: float | None = None
 
 
 class Workload(Protocol):
@@ -289,7 +292,12 @@ class TrainingDynamics:
 
         # HBM: a job fills memory quickly while loading, then holds it. A process's reported allocator (MIXED)
         # is what it holds, now; when no process is left, its memory is free at once, as the driver frees it.
-        target_mem = job.fill_ratio * self.total_bytes if job else 0.0
+        if job is None:
+            target_mem = 0.0
+        elif job.fill_bytes is not None:
+            target_mem = min(job.fill_bytes, self.total_bytes)
+        else:
+            target_mem = job.fill_ratio * self.total_bytes
         if job is None or phase == MIXED:
             s.memory_used = target_mem
         else:

@@ -17,6 +17,16 @@ Timing comes from the NAME alone, never the seed, the node or the clock, so ever
 of ``llama-70b`` agrees on its step time and phase shares. The job has been stepping since simulated time 0
 (after loading) and never stops; its progress is a pure function of the time and of the ``slowdown``
 windows on its GPUs (a synchronous job steps at the pace of its slowest rank).
+
+Memory, declared and held: the ranks declare their setup to the daemon as a DeepSpeed or FSDP job would
+(bf16, AdamW, micro-batch 1, ZeRO stage 3 over the job's world size, full activation checkpointing, flash
+attention), so the daemon's memory estimate has something to check; and the job's GPUs hold what that
+estimate says, so the check agrees: the allocator's peak (ALLOCATED_SHARE of what NVML shows used, as
+ranks.py's SimAllocator reads it) is the estimate. Where the gradients and optimizer states would not fit in
+HBM even sharded over the world size (llama3-70b on six GPUs needs ~190 GiB each), the job declares the
+optimizer step on the host (ZeRO-Offload), as a real job of that size must. Where even that does not fit,
+the GPUs hold MAX_FILL of their memory and the daemon says that the declared setup and the memory disagree,
+as it would of a real one.
 """
 
 from __future__ import annotations
@@ -26,8 +36,10 @@ import math
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
-from gpumon.client.model import PRESETS
+from gpumon.client.model import PRESETS, preset
+from gpumon.estimate.breakdown import Setup, estimate
 from gpumon.gpu.sim.dynamics import ALLREDUCE, COMPUTE, DATA_WAIT, LOADING, Job
 
 Windows = Callable[[], Sequence[tuple[float, float, float]]]  # (start, end, factor), simulated time
@@ -44,6 +56,54 @@ _LIMITS = {"step": (0.1, 600.0), "data_wait": (0.0, 0.8), "comm": (0.0, 0.8), "m
 EXAMPLE = "llama-70b:0-7:8/24"
 
 
+# -- what a job declares about its setup, and the HBM its GPUs hold for it ----------------------------
+DTYPE = "bf16"
+CONVENTION = "palm"
+MICRO_BATCH = 1
+ZERO_STAGE = 3
+CHECKPOINTING = "full"
+ALLOCATED_SHARE = 0.85  # of NVML's used bytes: the CUDA context, NCCL and the allocator's cache are the rest
+MAX_FILL = 0.97  # of the HBM processes can hold
+
+
+@dataclass(frozen=True)
+class Declared:
+    offload: str  # "none", or "optimizer": the optimizer step on the host
+    allocated_bytes: float  # the estimate per GPU: what the allocator holds at its peak
+    fits: bool
+
+    @property
+    def setup(self) -> dict[str, Any]:
+        """The Reporter's ``setup`` (beside micro_batch and zero_stage)."""
+        return {"checkpointing": CHECKPOINTING, "flash_attention": True, "offload": self.offload}
+
+    def used_bytes(self, hbm_bytes: float) -> float:
+        """What NVML shows used on a GPU of the job with ``hbm_bytes`` for processes."""
+        return min(MAX_FILL * hbm_bytes, self.allocated_bytes / ALLOCATED_SHARE)
+
+
+def declared(model: str, world_size: int, hbm_bytes: float) -> Declared:
+    """The setup a job of ``model`` over ``world_size`` ranks declares on GPUs of ``hbm_bytes`` (the smallest
+    of its GPUs): the optimizer on the GPU where it fits, else on the host."""
+    spec = preset(model)
+    total = 0.0
+    for offload in ("none", "optimizer"):
+        setup = Setup(
+            batch=MICRO_BATCH,
+            dtype=DTYPE,
+            checkpointing=CHECKPOINTING,
+            flash_attention=True,
+            zero=ZERO_STAGE,
+            dp=world_size,
+            offload=offload,
+            convention=CONVENTION,
+        )
+        total = estimate(spec, setup).train_total_bytes
+        if total / ALLOCATED_SHARE <= MAX_FILL * hbm_bytes:
+            return Declared(offload, total, True)
+    return Declared("optimizer", total, False)
+
+
 class SimJobError(ValueError):
     """A --sim-job spec is wrong; the message says what to fix."""
 
@@ -57,7 +117,6 @@ class Timing:
     communication: float  # 8-22 %: the all-reduce that ends each step
     mfu: float  # 35-45 %
     load_seconds: float  # 15-35 s of loading before the first step (simulated time)
-    fill_ratio: float  # share of HBM the job holds
     number: int  # the job's number in the simulated process list
 
     @property
@@ -80,7 +139,6 @@ def timing(name: str) -> Timing:
         communication=round(0.08 + 0.14 * u[2], 4),
         mfu=round(0.35 + 0.10 * u[3], 4),
         load_seconds=15.0 + 20.0 * u[4],
-        fill_ratio=0.70 + 0.22 * u[5],
         number=100 + int(900 * u[6]),
     )
 
@@ -217,11 +275,17 @@ class SimJob:
     k·step_seconds; each step is data wait, then compute, then the all-reduce.
     """
 
-    def __init__(self, spec: SimJobSpec, windows: Windows | None = None) -> None:
+    def __init__(self, spec: SimJobSpec, hbm_bytes: float, windows: Windows | None = None) -> None:
+        """``hbm_bytes``: what processes can hold on the smallest of the job's GPUs."""
         self.spec = spec
         self.timing = t = spec.timing
         self._windows = windows
-        self.job = Job(t.number, 0.0, math.inf, t.load_seconds, t.step_seconds, t.communication, t.fill_ratio)
+        self.declared = declared(spec.model, spec.world_size, hbm_bytes)
+        used = self.declared.used_bytes(hbm_bytes)
+        self.job = Job(
+            t.number, 0.0, math.inf, t.load_seconds, t.step_seconds, t.communication, used / hbm_bytes,
+            fill_bytes=used,
+        )  # fmt: skip
 
     def _pieces(self) -> list[tuple[float, float, float]]:
         """(from, to, factor) covering [load end, ∞) with the factor constant on each piece."""

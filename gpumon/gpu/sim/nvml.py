@@ -132,7 +132,11 @@ class SimNvml(SimEvents, SimMig, SimGpm, SimProcesses):
         # --sim-job: those GPUs run that job for good. The others idle, or run the node's sequence of jobs
         # that do not report (unreported_jobs), unless SDK processes reporting on them drive them (driven.py)
         self.jobs = [
-            SimJob(spec, functools.partial(self._windows, spec.gpus))
+            SimJob(
+                spec,
+                min(models[g].process_bytes for g in spec.gpus),
+                functools.partial(self._windows, spec.gpus),
+            )
             for spec in parse_jobs(jobs, len(models))
         ]
         workloads: dict[int, Workload] = {gpu: job for job in self.jobs for gpu in job.spec.gpus}

@@ -24,13 +24,19 @@ from gpumon.client import Reporter
 from gpumon.client.model import preset
 from gpumon.gpu.sim import SimNvml
 from gpumon.gpu.sim.catalog import SimModel
-from gpumon.gpu.sim.jobs import SimJob, SimJobSpec
+from gpumon.gpu.sim.jobs import (
+    ALLOCATED_SHARE,
+    CONVENTION,
+    DTYPE,
+    MICRO_BATCH,
+    ZERO_STAGE,
+    SimJob,
+    SimJobSpec,
+)
 from gpumon.jobs import peaks
 
 log = logging.getLogger("gpumon")
 
-DTYPE = "bf16"
-CONVENTION = "palm"
 # MFU of the compute phase at most: below its tensor activity (dynamics: 0.62), as on a real GPU
 MFU_PER_COMPUTE = 0.55
 # longest sleep between looks at the clock: a slowdown removed from Python can bring a step's end forward
@@ -71,7 +77,7 @@ def check(specs: Sequence[SimJobSpec], models: Sequence[SimModel]) -> None:
 
 class SimAllocator:
     """A PyTorch rank's caching allocator as its GPU's simulated memory implies it: reserved is 95 % of what
-    NVML shows used (the rest is the CUDA context), allocated 85 %; peaks are the highest seen."""
+    NVML shows used (the rest is the CUDA context), allocated ALLOCATED_SHARE; peaks are the highest seen."""
 
     def __init__(self, sim: SimNvml, gpu: int) -> None:
         self.sim = sim
@@ -80,7 +86,7 @@ class SimAllocator:
 
     def read(self) -> dict[str, int]:
         used = self.sim.gpus[self.gpu].state.memory_used
-        reserved, allocated = int(0.95 * used), int(0.85 * used)
+        reserved, allocated = int(0.95 * used), int(ALLOCATED_SHARE * used)
         self.peaks = (max(self.peaks[0], allocated), max(self.peaks[1], reserved))
         return {
             "device": 0, "allocated_bytes": allocated, "allocated_peak_bytes": self.peaks[0],
@@ -120,13 +126,20 @@ class JobRanks:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"gpumon-simjob-{spec.name}", daemon=True)
         self._failed = False
+        if not job.declared.fits:
+            log.warning(
+                "sim job %s: %s over %d ranks needs an estimated %.0f GiB per GPU even with the optimizer on "
+                "the host, more than its GPUs hold; they show full HBM, and the daemon that the declared "
+                "setup does not match (give a larger world size, NAME:GPUS:FIRST/WORLD)",
+                spec.name, spec.model, spec.world_size, job.declared.allocated_bytes / 2**30,
+            )  # fmt: skip
         try:
             for local, gpu in enumerate(spec.gpus):
                 reporter = Reporter(
                     job=spec.name, rank=spec.rank(gpu), world_size=spec.world_size, local_rank=local,
                     device=sim.gpus[gpu].uuid, workload=spec.name, dtype=DTYPE, model=preset(spec.model),
                     flops_convention=CONVENTION, url=url, token=token or "", interval=interval, enabled=True,
-                    micro_batch=1, zero_stage=3, setup={"checkpointing": "full", "flash_attention": True},
+                    micro_batch=MICRO_BATCH, zero_stage=ZERO_STAGE, setup=job.declared.setup,
                 )  # fmt: skip
                 reporter.memory_source = SimAllocator(sim, gpu).read
                 self.ranks.append(_Rank(reporter, tokens_per_step(spec, sim.gpus[gpu].model), seq_len))

@@ -18,6 +18,7 @@ from gpumon.jobs.diagnosis.wording import (
     clocks_note,
     flops_note,
     link_use,
+    setup_note,
     shared_note,
     summary,
     unknown_device_note,
@@ -106,6 +107,9 @@ def diagnose(s: Signals, t: Thresholds, settle: Callable[[str], str] | None = No
     if ev["throttled"].met and verdict != "throttled":
         findings.append("clocks_limited")
         notes.append(clocks_note(s))
+    if (note := setup_note(s, t)) is not None:
+        findings.append("setup_mismatch")
+        notes.append(note)
     if s.unknown_devices:
         findings.append("unknown_device")
         notes.append(unknown_device_note(s))

@@ -43,6 +43,9 @@ class Thresholds:
     throttle_impact: float = 0.05
     # MFU above the tensor cores' activity by more than this factor: the declared FLOPs per token is wrong
     mfu_over_tensor: float = 0.10
+    # the allocator's peak off the declared setup's memory estimate by more than this share of it (and by
+    # more than 2 GiB): the setup declared is not the one running
+    setup_gap: float = 0.35
 
 
 def parse_thresholds(items: Sequence[str] | dict[str, Any]) -> Thresholds:
@@ -113,6 +116,10 @@ class Signals:
     settled: bool = True
     # the devices the rank named, none of which is a GPU of this node (a typo, another node's index)
     unknown_devices: tuple[str, ...] = ()
+    # the declared setup's memory estimate per GPU (training), the allocator's peak, and the GPU's HBM
+    setup_estimate_bytes: float | None = None
+    allocated_peak_bytes: float | None = None
+    hbm_bytes: float | None = None
 
     @property
     def current_utilization(self) -> float | None:

@@ -70,6 +70,37 @@ def clocks_note(s: Signals) -> str:
     return f"thermal or hardware clock limits in {_pct(s.throttled_share)} of samples; {impact}"
 
 
+GIB = 1024.0**3
+SETUP_GAP_FLOOR = 2 * GIB  # buffers outside any estimate (NCCL, workspaces) are this large on small models
+
+
+def setup_note(s: Signals, t: Thresholds) -> str | None:
+    """The declared setup (model, micro-batch, ZeRO stage, offload, parallelism) against the HBM and the
+    allocator: an estimate that cannot fit, or one far off what the allocator holds, means the setup declared
+    is not the one running, and the estimate and its advice do not apply."""
+    est, peak, hbm = s.setup_estimate_bytes, s.allocated_peak_bytes, s.hbm_bytes
+    if est is None or est <= 0 or not s.settled:
+        return None
+    held = "" if peak is None else f"; the allocator peaked at {peak / GIB:.1f} GiB"
+    if hbm and est > hbm:
+        return (
+            f"the declared setup needs an estimated {est / GIB:.1f} GiB per GPU, more than the GPU's "
+            f"{hbm / GIB:.1f} GiB{held}: it cannot be the setup running (check zero_stage, micro_batch, "
+            "offload, tp and the world size the ranks declare)"
+        )
+    if peak is None or abs(peak - est) <= max(t.setup_gap * est, SETUP_GAP_FLOOR):
+        return None
+    if peak < est:
+        why = "activation checkpointing, a smaller micro-batch, a higher ZeRO stage or offload than declared"
+    else:
+        why = "a lower ZeRO stage or a larger micro-batch than declared, or large buffers the estimate omits"
+    return (
+        f"the allocator peaked at {peak / GIB:.1f} GiB per GPU, {_pct(abs(peak / est - 1))} "
+        f"{'below' if peak < est else 'above'} the declared setup's estimate of {est / GIB:.1f} GiB: "
+        f"{why}; the memory estimate and its advice do not describe this job"
+    )
+
+
 def unknown_device_note(s: Signals) -> str:
     return (
         f"device {', '.join(repr(d) for d in s.unknown_devices)} names no GPU of this node (NVML indexes "

@@ -221,6 +221,41 @@ def test_ranks_report_steps_tokens_and_phases_for_the_jobs_mfu(sims, clock) -> N
         ranks.close(0.2)
 
 
+@pytest.mark.parametrize(
+    ("spec", "offload", "fits"),
+    [
+        ("llama-70b:0-5", "optimizer", True),
+        ("llama-70b:0-7:0/24", "none", True),
+        ("llama-70b:0-1", "optimizer", False),
+    ],
+)
+def test_a_sim_jobs_declared_setup_is_what_its_gpus_hold(sims, clock, caplog, spec, offload, fits) -> None:
+    """The daemon's estimate for what the ranks declare is what their allocators hold (the README demo's
+    llama-70b on six GPUs must put its optimizer on the host); a job that cannot fit says so at start."""
+    from gpumon.jobs.memoryview import gap, rank_estimate
+    from gpumon.jobs.report import parse
+
+    sim = sims("8xH100-SXM", clock=clock, warmup=120, jobs=[spec])
+    with caplog.at_level("WARNING", logger="gpumon"):
+        ranks = JobRanks(sim, sim.jobs[0], "http://127.0.0.1:9", None)
+    try:
+        assert any("more than its GPUs hold" in r.getMessage() for r in caplog.records) is not fits
+        clock.t = 300.0  # loaded and steady
+        ranks.advance(sim.now())
+        sim.nvmlInit()
+        used = sim.nvmlDeviceGetMemoryInfo(sim.nvmlDeviceGetHandleByIndex(0)).used  # the dynamics advance
+        assert (used / MODELS["H100-SXM"].process_bytes > 0.96) is not fits
+        reporter = ranks.ranks[0].reporter
+        body = reporter._report(False)
+        body["memory"] = reporter.memory_source()  # type: ignore[misc]  # the sender thread reads it so
+        report = parse(body)
+        assert report.setup is not None and report.setup.get("offload") == offload
+        said = gap(report.memory, rank_estimate(report))  # type: ignore[arg-type]
+        assert ("within 5 %" in (said or "")) is fits, said
+    finally:
+        ranks.close(0.2)
+
+
 def test_a_gpu_without_a_known_peak_cannot_run_a_job() -> None:
     line = run_gpumon("snapshot", "--simulate", "2xRTX-A6000", "--sim-job", "a:0").stderr.strip()
     assert "no bf16 peak for RTX-A6000" in line and "\n" not in line
