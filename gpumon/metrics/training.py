@@ -189,7 +189,8 @@ BADPUT = metric(
     "gpumon_training_badput_seconds_total",
     "counter",
     "Wall-clock seconds of the rank that did not become training progress, by cause: startup (process "
-    "start to first step), restart (a dead process's last step to its successor's first), checkpoint, "
+    "start to first step), restart (a finished process's final report, or a killed one's last step, to its "
+    "successor's first step), checkpoint, "
     "evaluation, data_wait, stall (no step, beyond those phases, for 4 recent mean step times, at least "
     "10 s), lost_progress (steps redone after resuming from an older checkpoint), slow_steps (excess over "
     "the baseline step time). Every cause from 0.",
