@@ -128,11 +128,15 @@ class Library:
 
     def scaling_reference(self, key: Key) -> Baseline | None:
         """The baseline with the fewest GPUs (ideally one) for the same workload, GPU model, dtype and
-        convention: the per-GPU speed a perfectly scaling job would keep."""
+        convention, and fewer GPUs than ``key``: the per-GPU speed a perfectly scaling job would keep. None
+        when the only baselines are at the job's own size or larger: a job against itself measures no
+        scaling (its efficiency would read 1.0 whatever it is)."""
         same = [
             b
             for b in self.baselines
-            if replace(b.key, gpus=key.gpus) == key and b.figures.tokens_per_second_per_gpu is not None
+            if replace(b.key, gpus=key.gpus) == key
+            and b.key.gpus < key.gpus
+            and b.figures.tokens_per_second_per_gpu is not None
         ]
         return min(same, key=lambda b: b.key.gpus, default=None)
 

@@ -293,7 +293,8 @@ def _jobs() -> list[Panel | Row]:
             "Training jobs",
             "Every job with a rank on the selected nodes, with its figures over all its nodes: tokens/s, "
             "GPUs, MFU, mean step time over its ranks, throughput against its baseline, scaling "
-            "efficiency and goodput (the share of its wall-clock over the last hour that became kept "
+            "efficiency (where a baseline at a smaller scale exists) and goodput (the share of its "
+            "wall-clock over the last hour that became kept "
             "progress). Open the training dashboard for one job.",
             COUNT,
             job("tokens_per_second:sum"),

@@ -75,7 +75,8 @@ def _overview() -> list[Panel | Row]:
         stat(
             "Scaling efficiency",
             "Job tokens/s over (GPUs x per-GPU tokens/s of the smallest baseline of the same workload): "
-            "100 % is perfect linear scaling.",
+            "100 % is perfect linear scaling. No data until a baseline at a smaller scale than the job is "
+            "recorded (one GPU or one node; docs/baselines.md).",
             RATIO,
             Target(rule("scaling_efficiency:ratio"), "{{job_name}}"),
             steps=HIGHER_IS_BETTER,

@@ -113,6 +113,10 @@ def test_matching_is_exact_and_the_scaling_reference_is_the_fewest_gpus() -> Non
     assert lib.match(B.Key("llama3-8b", H100, 16, "bf16", "palm")) is None
     assert lib.match(B.Key("llama3-8b", H100, 8, "bf16", "megatron")) is None
     assert lib.scaling_reference(B.Key("llama3-8b", H100, 64, "bf16", "palm")) is one
+    alone = B.Library((eight,))
+    assert alone.scaling_reference(KEY) is None, "a job against its own size measures no scaling"
+    assert alone.scaling_reference(B.Key("llama3-8b", H100, 4, "bf16", "palm")) is None, "nor a larger one"
+    assert alone.scaling_reference(B.Key("llama3-8b", H100, 16, "bf16", "palm")) is eight
     assert B.default_name(KEY) == "llama3-8b/H100-80GB-HBM3/x8/bf16/palm"
 
 

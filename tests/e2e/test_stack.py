@@ -15,6 +15,7 @@ an injected XID arrive as GpumonGpuXidCritical; and checks nothing alerted about
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,6 +27,7 @@ from support.helpers import ROOT, Daemon, free_port, require_tool, run_gpumon, s
 from support.stack import Prometheus, Webhook, alertmanager_binary, start, start_prometheus
 
 from gpumon import alerting, dashboards
+from gpumon.baselines import library as B
 
 pytestmark = pytest.mark.slow  # a real Prometheus and Alertmanager scrape four daemons for minutes
 
@@ -166,10 +168,23 @@ def _record_baseline(stack: dict[str, Any]) -> None:
             stack["nodes"][0].url,
         )
         if out.returncode == 0:
-            return
+            break
         assert "steady interval" in out.stderr or "no history" in out.stderr, out.stderr
         assert time.monotonic() < end, out.stderr
         time.sleep(3)
+    # and, as an operator who once ran the workload on one node, its 8-GPU baseline: a baseline at the job's
+    # own size is not a scaling reference, so without this scaling efficiency would (rightly) be absent
+    with B.editing(str(stack["library"])) as box:
+        (full,) = box[0].baselines
+        per_gpu = (full.figures.tokens_per_second_per_gpu or 0.0) * 1.05
+        node = dataclasses.replace(
+            full,
+            name=f"{JOB}-one-node",
+            key=dataclasses.replace(full.key, gpus=8),
+            figures=dataclasses.replace(full.figures, tokens_per_second_per_gpu=per_gpu),
+            source="edited by hand",
+        )
+        box[0], _ = box[0].put(node)
 
 
 def test_dashboards_rules_and_alerts_against_real_prometheus_and_alertmanager(stack) -> None:
@@ -195,6 +210,9 @@ def test_dashboards_rules_and_alerts_against_real_prometheus_and_alertmanager(st
             empty.append(f"{what}: {concrete}")
     assert empty == [], f"{len(empty)} of {len(checks)} queries returned no data:\n" + "\n".join(empty)
     assert prom.query(f'job_name:gpumon_training_gpus:count{{job_name="{JOB}"}} == {JOB_GPUS}')
+    # against the one-node baseline, 5 % faster per GPU than the job recorded at full size
+    (scaling,) = prom.query(f'job_name:gpumon_training_scaling_efficiency:ratio{{job_name="{JOB}"}}')
+    assert 0.5 < float(scaling["value"][1]) < 0.975, scaling  # the 24-GPU baseline would give 1.0
     if _since_start(stack) < SLOW_START:  # no regression yet, so no regression alert
         assert not [
             a for a in hook.alerts() if a["labels"]["alertname"] == "GpumonTrainingThroughputBelowBaseline"
