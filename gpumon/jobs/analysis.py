@@ -9,6 +9,7 @@ with a warning, rather than borrowing another GPU's figure.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 import math
 import re
@@ -35,6 +36,9 @@ _MIG_SLICES = re.compile(r"^(?:(\d+)c\.)?(\d+)g\.")
 MIG_COMPUTE_SLICES = 7.0  # A100, H100, H200: a "1g" instance has one seventh of the SMs
 # a rate span and GPU samples this long before MFU is set against tensor activity
 SETTLED_SECONDS, SETTLED_POINTS = 10.0, 10
+# a rank silent this long (its sender thread reports every interval, stalled or not) has stopped: SIGSTOP, a
+# frozen host, a lost network; as long as it stays silent it leaves its job's GPU count, throughput and MFU
+SILENT_REPORTS, SILENT_FLOOR = 4.0, 6.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +70,10 @@ class RankResult:
     signals: Signals
     verdict: Verdict
     straggler: float | None
+    # why the rank no longer counts towards its job's GPUs, throughput and MFU, or None while it does:
+    # "finished" (its final report), "exited" (its pid is gone) or "silent" (no report for SILENT_REPORTS
+    # of its report intervals, at least SILENT_FLOOR seconds). Its counters and ledger stay until --rank-ttl.
+    gone: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,7 +192,8 @@ class Analysis:
         signals = self._signals(v, rates, uses, mfu, exited, now)
         key = (r.job, r.rank, r.incarnation)  # a restarted process starts afresh
         verdict = diagnose(signals, self.thresholds, lambda raw: self.holds.hold(key, raw, now))
-        return RankResult(v, rates, uses, peak, flops, mfu, tpj, signals, verdict, None)
+        gone = "finished" if r.final else "exited" if exited else "silent" if _silent(v, now) else None
+        return RankResult(v, rates, uses, peak, flops, mfu, tpj, signals, verdict, None, gone)
 
     def _peak(self, v: RankView, uses: tuple[GpuUse, ...]) -> Peak:
         r = v.report
@@ -282,10 +291,13 @@ class Analysis:
     def _job(self, job: str, ranks: list[RankResult], now: float) -> JobResult:
         scores = straggler_scores(_costs(ranks))
         ranks = [dataclasses.replace(r, straggler=s) for r, s in zip(ranks, scores, strict=True)]
-        rates = [r.rates.tokens_per_second for r in ranks]
+        # throughput and MFU of the ranks still running: a rank that finished, died or moved to another node
+        # must not sag the job's MFU with its idle GPU; a job none of whose ranks runs keeps its last figures
+        counted = [r for r in ranks if r.gone is None] or ranks
+        rates = [r.rates.tokens_per_second for r in counted]
         known = [x for x in rates if x is not None]
-        flops = [r.flops for r in ranks]
-        peak = [r.peak.flops for r in ranks]
+        flops = [r.flops for r in counted]
+        peak = [r.peak.flops for r in counted]
         mfu = None
         if all(f is not None for f in flops) and all(p for p in peak):
             mfu = sum(f for f in flops if f is not None) / sum(p for p in peak if p)
@@ -376,6 +388,15 @@ def _own_now(u: GpuUse, pid: int) -> float | None:
     if u.shared_with and pid in u.window.process_utilization:
         return u.window.process_utilization[pid]
     return u.window.utilization_now
+
+
+def _silent(v: RankView, now: float) -> bool:
+    """No report for SILENT_REPORTS of the rank's own report intervals (the median gap between its reports
+    in the window), and at least SILENT_FLOOR seconds."""
+    times = [p.reported for p in v.points]
+    gaps = sorted(b - a for a, b in itertools.pairwise(times) if b > a)
+    interval = gaps[len(gaps) // 2] if gaps else 1.0
+    return now - v.received > max(SILENT_FLOOR, SILENT_REPORTS * interval)
 
 
 def _setup_signals(r: Report, uses: tuple[GpuUse, ...]) -> dict[str, float | None]:

@@ -116,8 +116,9 @@ def _opt(f: dict[str, Any], m: M.Metric, labels: list[str], value: float | None)
 def _add_job(f: dict[str, Any], j: JobResult) -> None:
     jl = [j.job]
     f[M.JOB_RANKS.name].add_metric(jl, len(j.ranks))
-    _opt(f, M.JOB_TOKENS_RATE, jl, j.tokens_per_second)
-    _opt(f, M.JOB_MFU, jl, j.mfu)
+    if any(r.gone is None for r in j.ranks):  # a job with no rank running has no throughput to add up
+        _opt(f, M.JOB_TOKENS_RATE, jl, j.tokens_per_second)
+        _opt(f, M.JOB_MFU, jl, j.mfu)
     for b in BOTTLENECKS:
         f[M.JOB_BOTTLENECK.name].add_metric([*jl, b], 1 if j.verdict.bottleneck == b else 0)
     for r in j.ranks:
@@ -140,7 +141,7 @@ def _add_rank(f: dict[str, Any], r: RankResult) -> None:
         ],
         1,
     )
-    for u in r.gpus:
+    for u in r.gpus if r.gone is None else ():  # a rank gone holds no GPU: the job's GPU count drops it
         w = u.window
         f[M.RANK_GPU_INFO.name].add_metric([*rl, str(w.index), w.uuid, w.mig_uuid or "", u.via], 1)
     f[M.LAST_REPORT.name].add_metric(rl, rep.time)
@@ -161,6 +162,16 @@ def _add_rank(f: dict[str, Any], r: RankResult) -> None:
         )
     for phase, seconds in r.view.phases().items():
         f[M.PHASE_SECONDS.name].add_metric([*rl, phase], seconds)
+    if r.gone is None:  # a rank gone has no rates: the job's rules add up the ranks still running
+        _add_rates(f, rl, r)
+    for b in BOTTLENECKS:
+        f[M.BOTTLENECK.name].add_metric([*rl, b], 1 if r.verdict.bottleneck == b else 0)
+    if rep.kind == "train":
+        _add_ledger(f, rl, r.view.ledger)
+    _add_allocator(f, rl, r.view)
+
+
+def _add_rates(f: dict[str, Any], rl: list[str], r: RankResult) -> None:
     rt = r.rates
     _opt(f, M.TOKENS_RATE, rl, rt.tokens_per_second)
     _opt(f, M.SAMPLES_RATE, rl, rt.samples_per_second)
@@ -171,12 +182,7 @@ def _add_rank(f: dict[str, Any], r: RankResult) -> None:
     _opt(f, M.PEAK_FLOPS, rl, r.peak.flops)
     _opt(f, M.MFU, rl, r.mfu)
     _opt(f, M.TOKENS_PER_JOULE, rl, r.tokens_per_joule)
-    for b in BOTTLENECKS:
-        f[M.BOTTLENECK.name].add_metric([*rl, b], 1 if r.verdict.bottleneck == b else 0)
     _opt(f, M.STRAGGLER, rl, r.straggler)
-    if rep.kind == "train":
-        _add_ledger(f, rl, r.view.ledger)
-    _add_allocator(f, rl, r.view)
 
 
 def _add_ledger(f: dict[str, Any], rl: list[str], ledger: LedgerView) -> None:

@@ -57,6 +57,7 @@ def _rank_json(r: RankResult) -> dict[str, Any]:
         "incarnation": rep.incarnation,
         "restarts": r.view.restarts,
         "final": rep.final,
+        "gone": r.gone,
         "last_report": rep.time,
         "last_progress": rep.updated,
         "totals": r.view.totals(),

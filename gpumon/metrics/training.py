@@ -25,7 +25,8 @@ RANK_GPU_INFO = metric(
     "gpumon_training_rank_gpu_info",
     "gauge",
     "A GPU (or MIG device, mig_uuid) a rank uses, from the device it reported (via device or mig) or "
-    "NVML's process list by its pid (via process); 1.",
+    "NVML's process list by its pid (via process); 1. Absent for a rank that is gone (final report, pid "
+    "gone, or silent for 4 report intervals): its counters stay, its GPUs leave the job's count.",
     (*RANK, "gpu", "uuid", "mig_uuid", "via"),
     source="SDK report devices / nvmlDeviceGetComputeRunningProcesses",
 )

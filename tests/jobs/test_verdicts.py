@@ -17,6 +17,7 @@ from gpumon.client.process.start import process_start_time
 from gpumon.client.protocol import MODEL_FIELDS
 from gpumon.gpu.sim.device import SimProcess
 from gpumon.jobs.analysis import SETTLED_POINTS, Analysis, busy_cost
+from gpumon.jobs.collector import IngestStats, TrainingCollector
 from gpumon.jobs.diagnosis.state import REFERENCE_EVERY, SpeedReference, VerdictHold
 from gpumon.jobs.jobjson import job_json
 from gpumon.jobs.report import parse
@@ -46,6 +47,7 @@ def ingest_rank(
     step_seconds: float = 0.5,
     steps: int = 40,
     end: float | None = None,
+    received: float | None = None,
     **kw,
 ) -> None:
     """Two reports of one rank ``steps`` steps apart, its last step at ``end`` (default now)."""
@@ -65,7 +67,7 @@ def ingest_rank(
             incarnation=incarnation,
             **kw,
         )
-        s.ingest(parse(r), time.time())
+        s.ingest(parse(r), time.time() if received is None else received)
 
 
 def test_the_readme_walkthrough_on_a_shared_gpu_is_input_bound(gpu) -> None:
@@ -282,3 +284,44 @@ def test_a_declared_setup_that_cannot_be_the_one_running_is_said(gpu) -> None:
         assert ("setup_mismatch" in rank.findings) is expected
         if expected:
             assert any("more than the GPU's 79.6 GiB" in n for n in job.verdict.notes), job.verdict.notes
+
+
+def test_a_rank_gone_leaves_the_jobs_gpus_throughput_and_mfu_at_once(sims, samplers) -> None:
+    """Two ranks of one job on two GPUs; rank 1 finishes (its final report), or falls silent: at the next
+    evaluation it holds no GPU in the exposition and the job's tokens/s and MFU are rank 0's alone, while its
+    counters and ledger stay (a restart elsewhere still needs them)."""
+    sim = sims("2xH100-SXM", static=True)
+    for i in range(2):
+        set_state(sim, i)
+    sampler = samplers(sim)
+    for how in ("final", "silent"):
+        s = store()
+        t = time.time()
+        ingest_rank(s, "pair", pid=101, world_size=2, end=t)
+        # 10 s between rank 1's two reports: silent once 4 of those (40 s) pass without one
+        last = t - 45.0 if how == "silent" else t
+        one = {"rank": 1, "world_size": 2, "devices": ["1"], "end": last, "received": last}
+        ingest_rank(s, "pair", pid=102, final=how == "final", **one)
+        a = Analysis(s, sampler.sweep)
+        later = t
+        (job,) = a.jobs(now=later)
+        gone = {r.view.report.rank: r.gone for r in job.ranks}
+        assert gone == {0: None, 1: "finished" if how == "final" else "silent"}, how
+        live = next(r for r in job.ranks if r.gone is None)
+        assert job.tokens_per_second == pytest.approx(live.rates.tokens_per_second)
+        assert job.mfu == pytest.approx(live.mfu)
+        f = _families(TrainingCollector(a, IngestStats()), later)
+        assert {s.labels["rank"] for s in f["gpumon_training_rank_gpu_info"]} == {"0"}, how
+        assert {s.labels["rank"] for s in f["gpumon_training_peak_flops_per_second"]} == {"0"}
+        assert {s.labels["rank"] for s in f["gpumon_training_steps_total"]} == {"0", "1"}, "counters stay"
+        assert {s.labels["rank"] for s in f["gpumon_training_goodput_seconds_total"]} == {"0", "1"}
+    (job,) = Analysis(s, sampler.sweep).jobs(now=later - 6.0)  # 39 s after rank 1's last report
+    assert all(r.gone is None for r in job.ranks), "under 4 report intervals of silence is not gone"
+
+
+def _families(c: TrainingCollector, now: float) -> dict[str, list]:
+    c.analysis.clock = lambda: now
+    out: dict[str, list] = {}
+    for fam in c.collect():
+        out.setdefault(fam.name if fam.type != "counter" else fam.name + "_total", []).extend(fam.samples)
+    return out

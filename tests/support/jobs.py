@@ -3,6 +3,7 @@ baseline, at a fixed clock."""
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import tempfile
 from pathlib import Path
@@ -31,7 +32,9 @@ def jobs(snap) -> TrainingCollector:
         "reserved_bytes": 40 << 30, "reserved_peak_bytes": 42 << 30, "active_bytes": 31 << 30,
         "active_peak_bytes": 36 << 30, "inactive_split_bytes": 1 << 30, "alloc_retries": 3, "ooms": 0,
     }  # fmt: skip
+    # rank 0 of a two-GPU server (rank 1 on another node): its one-GPU baseline is a scaling reference
     chat = {"job": "chat", "kind": "inference", "devices": ["2"], "dtype": "bf16", "peak_flops": 150e12}
+    chat["world_size"] = 2
     serve_before = report(15, started=now - 3.5, **chat)  # two points: the window has a step time
     serve = report(30, started=now - 3.5, **chat)
     for r in (serve_before, serve):
@@ -42,10 +45,16 @@ def jobs(snap) -> TrainingCollector:
     stats = IngestStats()
     for outcome in ("accepted",) * 4 + ("invalid",):
         stats.count(outcome)
-    key = B.Key("chat", "NVIDIA RTX A6000", 1, "bf16", "palm")
+    key = B.Key("chat", "NVIDIA RTX A6000", 2, "bf16", "palm")
     ref = B.Baseline("chat/A6000", key, B.Figures(10_000.0, 0.125, 0.05, 40.0), recorded_at="2026-11-22")
+    one = B.Baseline(
+        "chat/A6000x1",
+        dataclasses.replace(key, gpus=1),
+        B.Figures(11_000.0, 0.12, 0.055, 42.0),
+        recorded_at="2026-11-21",
+    )
     path = Path(tempfile.mkdtemp()) / "baselines.toml"
-    B.save(str(path), B.Library((ref,)))
+    B.save(str(path), B.Library((ref, one)))
     watch = LibraryWatch(str(path), clock=lambda: 0.0)  # read once, at creation
     shutil.rmtree(path.parent)
     return TrainingCollector(Analysis(store, lambda: snap, clock=lambda: now), stats, watch)
