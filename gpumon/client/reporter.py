@@ -102,6 +102,7 @@ class Reporter:
         # the hot path's state comes first, so every method works whatever happens below
         self._on = False
         self._closed = False
+        self._fork_copy = False  # the quiet copy a forked child inherits (_forked)
         # steps, tokens, samples, requests, perf_counter of the last change: one tuple, read in one go
         self._t: tuple[Any, ...] = (0, 0, 0, 0, None)
         self._last_step: float | None = None
@@ -203,6 +204,14 @@ class Reporter:
     def step(self, tokens: float = 0, samples: float = 0) -> None:
         """One optimizer step that processed ``tokens`` tokens and ``samples`` samples on this rank."""
         if not self._on:
+            if self._fork_copy:
+                self._warn(
+                    "forked",
+                    "step() in a forked child (pid %d) of the process that made this Reporter: its steps are "
+                    "not reported (the parent's Reporter does); train in the parent, or make a Reporter in "
+                    "the child (spawn, not fork)",
+                    os.getpid(),
+                )
             return
         if (
             tokens.__class__ is not int
@@ -504,6 +513,7 @@ class Reporter:
         the inherited connection is dropped without a byte sent on it."""
         self._on = False
         self._closed = True
+        self._fork_copy = True
         if self._shipper is not None:
             # dropping the reference is not enough: the parent's sender thread, frozen in the child mid-call,
             # keeps the socket referenced, and the worker would hold the parent's connection open for life

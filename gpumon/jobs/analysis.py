@@ -136,16 +136,16 @@ class Analysis:
             (v.report.job, v.report.rank): resolve(v.report.devices, v.report.pid, snap) for v in views
         }
         sharers: dict[str, int] = {}
-        jobs_on: dict[str, set[str]] = {}
+        jobs_on: dict[str, dict[str, set[int]]] = {}  # per GPU, each job's pids on it
         pids_on: dict[str, set[int]] = {}
         for v in views:
             for f in resolved[(v.report.job, v.report.rank)]:
                 sharers[f.key] = sharers.get(f.key, 0) + 1
-                jobs_on.setdefault(f.key, set()).add(v.report.job)
+                jobs_on.setdefault(f.key, {}).setdefault(v.report.job, set()).add(v.report.pid)
                 pids_on.setdefault(f.key, set()).add(v.report.pid)
         windows: dict[tuple[str, float, float], GpuWindow] = {}  # per GPU, end and span, however many ranks
-        # per GPU and job (and whether NVML lists the rank's pid): one list of neighbours, not one per rank
-        neighbours: dict[tuple[str, str, bool], tuple[tuple[str, ...], tuple[str, ...]]] = {}
+        # per GPU, job and pid (and whether NVML lists the pid): one list of neighbours, not one per rank
+        neighbours: dict[tuple[str, str, int, bool], tuple[tuple[str, ...], tuple[str, ...]]] = {}
         by_job: dict[str, list[RankResult]] = {}
         for v in views:
             if only is not None and v.report.job != only:
@@ -160,11 +160,16 @@ class Analysis:
                     windows[(f.key, end, span)] = self.history.window(f.status, end, span, f.mig)
                 w = windows[(f.key, end, span)]
                 # NVML lists this rank's pid: the others it lists are strangers
-                found = (f.key, v.report.job, v.report.pid in w.pids_now)
+                pid = v.report.pid
+                found = (f.key, v.report.job, pid, pid in w.pids_now)
                 if found not in neighbours:
-                    others = sorted(jobs_on[f.key] - {v.report.job})
-                    if found[2]:
-                        others += [f"pid {pid}" for pid in sorted(set(w.pids_now) - pids_on[f.key])]
+                    # another job reporting from this very process (a notebook's earlier Reporter) is not a
+                    # neighbour: the process's GPU activity is one, whichever Reporter it counts for
+                    others = sorted(
+                        j for j, pids in jobs_on[f.key].items() if j != v.report.job and pids != {pid}
+                    )
+                    if found[3]:
+                        others += [f"pid {p}" for p in sorted(set(w.pids_now) - pids_on[f.key])]
                     neighbours[found] = tuple(others), tuple(f"{o} (GPU {w.index})" for o in others)
                 uses.append(GpuUse(w, f.via, sharers[f.key], *neighbours[found]))
             by_job.setdefault(v.report.job, []).append(self._rank(v, tuple(uses), now))
@@ -284,6 +289,7 @@ class Analysis:
             slowdown_against=against,
             settled=settled,
             unknown_devices=tuple(r.devices) if r.devices and not uses else (),
+            open_phase=_open_phase(v, now),
             **_setup_signals(r, uses),
             **gpu,
         )
@@ -334,7 +340,8 @@ class Analysis:
             exited=(f"{len(exited)} of {len(sig)} ranks: {exited[0]}" if len(sig) > 1 else exited[0])
             if exited
             else None,
-            utilization_now=mean([s.utilization_now for s in sig]),
+            # "its GPU is idle now" in an exited verdict is about the gone ranks' GPUs, not their peers'
+            utilization_now=mean([s.utilization_now for s in ([s for s in sig if s.exited] or sig)]),
             shared_with=tuple(dict.fromkeys(o for s in shared for o in s.shared_with)),
             shared_utilization=mean([s.shared_utilization for s in shared]),
             own_utilization=bool(shared) and all(s.own_utilization for s in shared),
@@ -342,6 +349,7 @@ class Analysis:
             slowdown_against=against,
             settled=all(s.settled for s in sig),
             unknown_devices=tuple(dict.fromkeys(d for s in sig for d in s.unknown_devices)),
+            open_phase=max((s.open_phase for s in sig if s.open_phase), key=lambda o: o[1], default=None),
             **_worst_setup(sig),
             **_gpu_signals(sig),
         )
@@ -388,6 +396,16 @@ def _own_now(u: GpuUse, pid: int) -> float | None:
     if u.shared_with and pid in u.window.process_utilization:
         return u.window.process_utilization[pid]
     return u.window.utilization_now
+
+
+def _open_phase(v: RankView, now: float) -> tuple[str, float] | None:
+    """The longest phase the rank is inside now, and how long it has run (to its report, plus the time
+    since, as long as the process reports it still open)."""
+    running = v.report.open_phases
+    if not running or v.report.final:
+        return None
+    name = max(running, key=lambda n: running[n])
+    return name, running[name] + max(0.0, now - v.received)
 
 
 def _silent(v: RankView, now: float) -> bool:

@@ -193,10 +193,18 @@ def _point(r: Report) -> Point:
         t.requests,
         h.sum,
         h.count,
-        r.phases,
+        # running phases count as far as they have run: a loop hung in data_wait shows 100 % data wait now,
+        # not 0 % until the phase ends; a phase's seconds still only grow (the closed total includes them)
+        _with_open(r.phases, r.open_phases),
         None if m is None else m.alloc_retries,
         None if m is None else m.ooms,
     )
+
+
+def _with_open(closed: Mapping[str, float], running: Mapping[str, float]) -> Mapping[str, float]:
+    if not running:
+        return closed
+    return {name: closed.get(name, 0.0) + running.get(name, 0.0) for name in {*closed, *running}}
 
 
 def _anchor(r: Report) -> Point | None:

@@ -398,10 +398,16 @@ def test_fork_child_is_disabled_and_parent_keeps_reporting(
     if pid == 0:  # the child: exit status tells the parent what it saw; never return into pytest
         code = 1
         try:
+            said: list[str] = []
+            handler = logging.Handler()
+            handler.emit = lambda record: said.append(record.getMessage())  # type: ignore[method-assign]
+            logging.getLogger("gpumon.client").addHandler(handler)
+            r.step(tokens=1000)
             r.step(tokens=1000)
             with phase:
                 pass
             seen = [
+                len([m for m in said if "step() in a forked child" in m]) == 1,  # said once, not silently
                 not r.enabled,
                 r.phase("optimizer") is NULL_PHASE,
                 not r.flush(),

@@ -248,6 +248,8 @@ def test_a_verdict_changes_only_after_it_settles_and_facts_at_once() -> None:
     assert hold.hold("k", "compute", 32.0) == "compute", "progress resuming is a fact"
     assert hold.hold("first", "undetermined", 0.0) == "undetermined"
     assert hold.hold("first", "input", 1.0) == "input", "out of undetermined at once"
+    assert hold.hold("first", "compute", 2.0) == "input"
+    assert hold.hold("first", "compute", 70.0) == "compute", "a key back after a minute starts afresh"
 
 
 def test_a_device_this_node_does_not_have_is_said(gpu) -> None:
@@ -325,3 +327,45 @@ def _families(c: TrainingCollector, now: float) -> dict[str, list]:
     for fam in c.collect():
         out.setdefault(fam.name if fam.type != "counter" else fam.name + "_total", []).extend(fam.samples)
     return out
+
+
+def test_a_loop_hung_inside_a_phase_it_timed_shows_that_phase(gpu) -> None:
+    """A dead data loader: 20 steps, then 30 s inside data_wait. The open phase counts as far as it has run,
+    and the verdict says where the loop is, with advice for that phase, not for a hung collective."""
+    _, sampler = gpu
+    s = store()
+    t = time.time()
+    started = t - 41.0
+    for n, at, running in ((20, t - 30.0, 0.0), (20, t, 30.0)):
+        r = report(n, started=started, step_seconds=0.5, t=at, seq=n + int(running), job="dlhang", pid=101)
+        r["open_phases"] = {"data_wait": running} if running else {}
+        s.ingest(parse(r), time.time())
+    (job,) = Analysis(s, sampler.sweep).jobs()
+    (rank,) = job.ranks
+    assert rank.rates.phase_ratios["data_wait"] == pytest.approx(1.0, abs=0.02)
+    v = job.verdict
+    assert v.bottleneck in ("stalled", "idle"), v.summary
+    assert "inside its data_wait phase for 30 s (the input pipeline delivers nothing" in v.summary
+    assert v.advice.startswith("The loop is inside data_wait")
+
+
+def test_a_held_verdict_says_it_is_held() -> None:
+    from gpumon.jobs.diagnosis import Signals, Thresholds, diagnose
+
+    s = Signals(progressing=True, data_wait_share=0.09, utilization=0.9, sm_active=0.9, tensor_active=0.6)
+    v = diagnose(s, Thresholds(), lambda raw: "input")
+    assert v.bottleneck == "input"
+    assert v.summary.startswith("input (held while a change settles; this window reads compute): input-bound")
+
+
+def test_two_reporters_of_one_process_do_not_share_its_gpu(gpu) -> None:
+    """A notebook: an earlier Reporter left open, a new job in the same process. One process is not two
+    jobs competing for the GPU; two processes are."""
+    _, sampler = gpu
+    snap = sampler.sweep()
+    for second_pid, shared in ((101, False), (202, True)):
+        s = store()
+        ingest_rank(s, "nb-a", pid=101)
+        ingest_rank(s, "nb-b", pid=second_pid)
+        jobs = Analysis(s, lambda: snap).jobs()
+        assert [("gpu_shared" in j.verdict.findings) for j in jobs] == [shared, shared], second_pid

@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from gpumon.jobs.diagnosis.signals import Evidence, Signals, Thresholds, Verdict
 from gpumon.jobs.diagnosis.wording import (
     ADVICE,
+    OPEN_ADVICE,
     clocks_note,
     flops_note,
     link_use,
@@ -93,7 +94,9 @@ def diagnose(s: Signals, t: Thresholds, settle: Callable[[str], str] | None = No
         used = ("utilization_idle",)
     else:
         verdict, used = next(((name, keys) for name, ok, keys in conditions if ok), ("undetermined", ()))
+    held = None  # this window's own verdict, when the one shown is held while a change settles
     if settle is not None and (shown := settle(verdict)) != verdict:
+        held = verdict
         verdict, used = shown, next((keys for name, _, keys in conditions if name == shown), ())
     findings = [name for name, ok, _ in conditions if ok and name != verdict]
     if _memory_trouble(ev) and "memory_capacity" not in findings and verdict != "memory_capacity":
@@ -120,9 +123,15 @@ def diagnose(s: Signals, t: Thresholds, settle: Callable[[str], str] | None = No
         findings.append("finished")
     evidence = tuple(dict.fromkeys(ev[k] for k in (*used, *ev) if k in ev))
     line = summary(verdict, s)
+    if held is not None:
+        # the figures are this window's, and may no longer meet the verdict held: say so, not a contradiction
+        line = f"{verdict} (held while a change settles; this window reads {held}): {line}"
     if s.finished and verdict != "gpu_down":
         line = f"finished; over its last window {line}"
-    return Verdict(verdict, line, ADVICE[verdict], evidence, tuple(findings), tuple(notes))
+    advice = ADVICE[verdict]
+    if verdict in ("stalled", "idle") and s.open_phase is not None:
+        advice = OPEN_ADVICE.get(s.open_phase[0], advice)
+    return Verdict(verdict, line, advice, evidence, tuple(findings), tuple(notes))
 
 
 def _idles_enough(s: Signals, t: Thresholds) -> float:

@@ -117,6 +117,9 @@ class Signals:
     # the devices the rank named, none of which is a GPU of this node (a typo, another node's index)
     unknown_devices: tuple[str, ...] = ()
     # the declared setup's memory estimate per GPU (training), the allocator's peak, and the GPU's HBM
+    # the longest phase running now and for how long (the loop is inside it: a dead data loader, a hung
+    # collective, a long evaluation)
+    open_phase: tuple[str, float] | None = None
     setup_estimate_bytes: float | None = None
     allocated_peak_bytes: float | None = None
     hbm_bytes: float | None = None

@@ -28,6 +28,10 @@ REFERENCE_SECONDS = 600.0
 REFERENCE_EVERY = 5.0  # seconds between two samples of one key's speed
 MAX_SAMPLES = REFERENCE_SECONDS / REFERENCE_EVERY
 SETTLE_SECONDS = 10.0
+# a held verdict not evaluated for this long is history, not a verdict to hold: the same key can come back
+# (a job's ranks as they were before a rank that has since expired joined), and its old state must not delay
+# the new verdict
+STALE_SECONDS = 60.0
 FORGET_SECONDS = 900.0
 # facts about the rank, taken and left at once
 FACTS = frozenset({"gpu_down", "exited"})
@@ -106,7 +110,12 @@ class VerdictHold:
                 self._pruned = now
                 _forget(self._keys, now)
             held = self._keys.get(key)
-            if held is None or now < held.seen or _at_once(held.verdict, raw):
+            if (
+                held is None
+                or now < held.seen
+                or now - held.seen > STALE_SECONDS
+                or _at_once(held.verdict, raw)
+            ):
                 self._keys[key] = _Held(raw, seen=now)
                 return raw
             held.seen = now

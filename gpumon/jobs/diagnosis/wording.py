@@ -131,8 +131,8 @@ def _allocator_note(s: Signals) -> str:
 _SUMMARIES: dict[str, Callable[[Signals], str]] = {
     "gpu_down": lambda s: f"a GPU is down ({s.gpu_down})",
     "exited": lambda s: f"the process is gone ({s.exited}); {_gpu_now(s)}",
-    "idle": lambda s: f"no recent step and the GPU is idle now ({_utilization_now(s)})",
-    "stalled": lambda s: f"no recent step while the GPU is busy now ({_utilization_now(s)})",
+    "idle": lambda s: f"no recent step and the GPU is idle now ({_utilization_now(s)}){_inside(s)}",
+    "stalled": lambda s: f"no recent step while the GPU is busy now ({_utilization_now(s)}){_inside(s)}",
     "input": lambda s: (
         f"input-bound: {_pct(s.data_wait_share)} of wall time waiting for data, GPU "
         f"utilisation {_pct(s.utilization)}"
@@ -162,6 +162,34 @@ _SUMMARIES: dict[str, Callable[[Signals], str]] = {
         f"{_pct(s.communication_share)})"
     ),
 }
+
+
+# what a loop stuck inside a phase it timed most likely waits for
+_INSIDE = {
+    "data_wait": "the input pipeline delivers nothing: data loader workers dead or blocked, storage stalled",
+    "communication": "a collective that does not return: a peer died or hangs (NCCL timeout pending)",
+    "checkpoint": "a planned checkpoint, not a hang unless it should have ended by now",
+    "evaluation": "a planned evaluation, not a hang unless it should have ended by now",
+}
+# advice in place of the stalled/idle one when the loop is inside a phase it timed
+OPEN_ADVICE = {
+    "data_wait": "The loop is inside data_wait: check the DataLoader's workers (alive? stuck on I/O or a "
+    "lock?), the storage or network they read from, and the host's CPU and memory.",
+    "communication": "The loop is inside a collective that has not returned: find the rank that is not in "
+    "it (dead, hung, or slower), check NCCL's log (NCCL_DEBUG=INFO) and the interconnect.",
+    "checkpoint": "The loop is saving a checkpoint: if it takes longer than it should, check the storage's "
+    "throughput and free space, and whether every rank reached the save.",
+    "evaluation": "The loop is evaluating: if it takes longer than expected, check the evaluation set's size "
+    "and its data loader; shorten or space out evaluations if they cost too much.",
+}
+
+
+def _inside(s: Signals) -> str:
+    if s.open_phase is None:
+        return ""
+    name, seconds = s.open_phase
+    why = _INSIDE.get(name)
+    return f"; inside its {name} phase for {seconds:.0f} s" + (f" ({why})" if why else "")
 
 
 def _utilization_now(s: Signals) -> str:
