@@ -43,15 +43,19 @@ def test_train_tiny_against_the_daemon_matches_the_script_within_one_percent(dae
     metrics = d.get("/metrics").text
     assert value(metrics, "gpumon_training_steps_total", "tiny-e2e") == mine["steps"] == 60
     assert value(metrics, "gpumon_training_tokens_total", "tiny-e2e") == mine["tokens"]
-    served_tps = value(metrics, "gpumon_training_tokens_per_second", "tiny-e2e")
-    served_mfu = value(metrics, "gpumon_training_mfu_ratio", "tiny-e2e")
-    assert served_tps == pytest.approx(mine["tokens_per_second"], rel=0.01)
-    assert served_mfu == pytest.approx(mine["mfu"], rel=0.01)
-    assert value(metrics, "gpumon_training_peak_flops_per_second", "tiny-e2e") == H100_FP32
+    # the run is over: its rank no longer counts in the job's throughput, MFU or GPUs on /metrics ...
+    for gone in ("tokens_per_second", "mfu_ratio", "peak_flops_per_second", "rank_gpu_info"):
+        with pytest.raises(AssertionError, match="not served"):
+            value(metrics, f"gpumon_training_{gone}", "tiny-e2e")
 
+    # ... and /v1/jobs keeps its last window, as the script measured it
     job = d.get("/v1/jobs/tiny-e2e").json()
     (rank,) = job["ranks"]
-    assert rank["final"] is True and rank["gpus"][0]["name"] == "NVIDIA H100 80GB HBM3"
+    assert rank["rates"]["tokens_per_second"] == pytest.approx(mine["tokens_per_second"], rel=0.01)
+    assert rank["mfu"] == pytest.approx(mine["mfu"], rel=0.01)
+    assert rank["peak_flops_per_second"] == H100_FP32
+    assert rank["final"] is True and rank["gone"] == "finished"
+    assert rank["gpus"][0]["name"] == "NVIDIA H100 80GB HBM3"
     assert rank["flops_per_token"] == mine["flops_per_token"]
     assert set(rank["rates"]["phase_ratios"]) >= {"data_wait", "forward_backward", "optimizer"}
     assert job["diagnosis"]["bottleneck"] and job["diagnosis"]["evidence"]
