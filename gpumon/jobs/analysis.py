@@ -137,12 +137,10 @@ class Analysis:
         }
         sharers: dict[str, int] = {}
         jobs_on: dict[str, dict[str, set[int]]] = {}  # per GPU, each job's pids on it
-        pids_on: dict[str, set[int]] = {}
         for v in views:
             for f in resolved[(v.report.job, v.report.rank)]:
                 sharers[f.key] = sharers.get(f.key, 0) + 1
                 jobs_on.setdefault(f.key, {}).setdefault(v.report.job, set()).add(v.report.pid)
-                pids_on.setdefault(f.key, set()).add(v.report.pid)
         windows: dict[tuple[str, float, float], GpuWindow] = {}  # per GPU, end and span, however many ranks
         # per GPU, job and pid (and whether NVML lists the pid): one list of neighbours, not one per rank
         neighbours: dict[tuple[str, str, int, bool], tuple[tuple[str, ...], tuple[str, ...]]] = {}
@@ -169,7 +167,8 @@ class Analysis:
                         j for j, pids in jobs_on[f.key].items() if j != v.report.job and pids != {pid}
                     )
                     if found[3]:
-                        others += [f"pid {p}" for p in sorted(set(w.pids_now) - pids_on[f.key])]
+                        reporting = set().union(*jobs_on[f.key].values())
+                        others += [f"pid {p}" for p in sorted(set(w.pids_now) - reporting)]
                     neighbours[found] = tuple(others), tuple(f"{o} (GPU {w.index})" for o in others)
                 uses.append(GpuUse(w, f.via, sharers[f.key], *neighbours[found]))
             by_job.setdefault(v.report.job, []).append(self._rank(v, tuple(uses), now))
