@@ -23,7 +23,7 @@ from gpumon.dashboards.panels import (
     timeseries,
 )
 from gpumon.dashboards.training_ledger import goodput
-from gpumon.dashboards.training_ranks import JOB, RAW, diagnosis, rule, stragglers
+from gpumon.dashboards.training_ranks import JOB, NODE, RAW, diagnosis, named, rule, stragglers
 from gpumon.dashboards.variables import common_variables, query_variable
 
 UID = "gpumon-training"
@@ -113,8 +113,8 @@ def _throughput() -> list[Panel | Row]:
             "on the selected nodes.",
             COUNT,
             Target(
-                f"sum by (job_name, instance) (gpumon_training_job_tokens_per_second{{{RAW}}})",
-                "{{job_name}} {{instance}}",
+                named(f"sum by (job_name, instance) (gpumon_training_job_tokens_per_second{{{RAW}}})"),
+                NODE,
             ),
             stack=True,
         ),
@@ -158,8 +158,8 @@ def _throughput() -> list[Panel | Row]:
             "Model FLOP/s of the job's ranks on each node: tokens/s x FLOPs per token.",
             FLOPS,
             Target(
-                f"sum by (job_name, instance) (gpumon_training_flops_per_second{{{RAW}}})",
-                "{{job_name}} {{instance}}",
+                named(f"sum by (job_name, instance) (gpumon_training_flops_per_second{{{RAW}}})"),
+                NODE,
             ),
             width=8,
         ),

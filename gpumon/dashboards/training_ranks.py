@@ -17,7 +17,14 @@ from gpumon.dashboards.panels import (
 JOB = 'job_name=~"$job_name"'  # recording-rule series: job_name only, they span nodes and scrape jobs
 RAW = 'job=~"$job",instance=~"$instance",job_name=~"$job_name"'
 NODE_OF_JOB = 'instance=~"$instance",job_name=~"$job_name"'  # instance_job_name: rules
-RANK = "{{job_name}} {{instance}} rank {{rank}}"
+RANK = "{{job_name}} {{node}} rank {{rank}}"
+NODE = "{{job_name}} {{node}}"
+
+
+def named(expr: str) -> str:
+    """``expr`` with the node's name joined in by instance (gpumon series carry no node label), so a legend
+    says gpu-017 where the instance is 10.0.3.17:9478."""
+    return f"({expr}) * on (instance) group_left (node) instance:gpumon_node:info"
 
 
 def rule(name: str) -> str:
@@ -61,10 +68,12 @@ def diagnosis() -> list[Panel | Row]:
             "Mean GPU utilisation of the GPUs the job's ranks run on, per node.",
             RATIO,
             Target(
-                "avg by (job_name, instance)"
-                f' (gpumon_gpu_utilization_ratio{{job=~"$job",instance=~"$instance"}}'
-                f" * on(job, instance, uuid) group_right() {gpus})",
-                "{{job_name}} {{instance}}",
+                named(
+                    "avg by (job_name, instance)"
+                    f' (gpumon_gpu_utilization_ratio{{job=~"$job",instance=~"$instance"}}'
+                    f" * on(job, instance, uuid) group_right() {gpus})"
+                ),
+                NODE,
             ),
             hi=1,
         ),
@@ -81,8 +90,8 @@ def stragglers() -> list[Panel | Row]:
             "the whole synchronous job back.",
             RATIO,
             Target(
-                f"instance_job_name:gpumon_training_throughput_vs_job_median:ratio{{{NODE_OF_JOB}}}",
-                "{{job_name}} {{instance}}",
+                named(f"instance_job_name:gpumon_training_throughput_vs_job_median:ratio{{{NODE_OF_JOB}}}"),
+                NODE,
             ),
             width=8,
             steps=HIGHER_IS_BETTER,
@@ -94,8 +103,10 @@ def stragglers() -> list[Panel | Row]:
             "in the collective for the straggler: its busy time is the one above 100 %.",
             RATIO,
             Target(
-                f"instance_job_name:gpumon_training_busy_step_time_vs_job_median:ratio{{{NODE_OF_JOB}}}",
-                "{{job_name}} {{instance}}",
+                named(
+                    f"instance_job_name:gpumon_training_busy_step_time_vs_job_median:ratio{{{NODE_OF_JOB}}}"
+                ),
+                NODE,
             ),
             width=8,
         ),
@@ -104,18 +115,33 @@ def stragglers() -> list[Panel | Row]:
             "Tokens/s per GPU of the job's ranks on each node, now.",
             COUNT,
             Target(
-                f"instance_job_name:gpumon_training_tokens_per_second_per_gpu:ratio{{{NODE_OF_JOB}}}",
-                "{{job_name}} {{instance}}",
+                named(f"instance_job_name:gpumon_training_tokens_per_second_per_gpu:ratio{{{NODE_OF_JOB}}}"),
+                NODE,
                 instant=True,
             ),
             width=8,
+        ),
+        timeseries(
+            "Rank busy time per step vs job median",
+            "Each rank's busy time per step (step time less communication and data wait, over a minute) over "
+            "the median rank of its job across all nodes: 125 % and more for five minutes is a straggler "
+            "(GpumonTrainingStragglerRank, or GpumonTrainingStragglerNode when its whole node is). Ranks "
+            "that report neither phase have no busy time.",
+            RATIO,
+            Target(
+                named(
+                    "instance_job_name_rank:gpumon_training_busy_step_time_vs_job_median:ratio"
+                    f"{{{NODE_OF_JOB}}}"
+                ),
+                RANK,
+            ),
         ),
         timeseries(
             "Straggler score by rank",
             "How much slower each rank is than the median rank of its job on the same node: 0 at or faster "
             "than the median, 50 % twice as slow.",
             RATIO,
-            Target(f"gpumon_training_straggler_score{{{RAW}}}", RANK),
+            Target(named(f"gpumon_training_straggler_score{{{RAW}}}"), RANK),
             hi=1,
         ),
         table(

@@ -135,6 +135,9 @@ class Analysis:
         resolved: dict[tuple[str, int], list[Found]] = {
             (v.report.job, v.report.rank): resolve(v.report.devices, v.report.pid, snap) for v in views
         }
+        here: dict[str, set[int]] = {}  # each job's ranks on this node
+        for v in views:
+            here.setdefault(v.report.job, set()).add(v.report.rank)
         sharers: dict[str, int] = {}
         jobs_on: dict[str, dict[str, set[int]]] = {}  # per GPU, each job's pids on it
         for v in views:
@@ -171,12 +174,13 @@ class Analysis:
                         others += [f"pid {p}" for p in sorted(set(w.pids_now) - reporting)]
                     neighbours[found] = tuple(others), tuple(f"{o} (GPU {w.index})" for o in others)
                 uses.append(GpuUse(w, f.via, sharers[f.key], *neighbours[found]))
-            by_job.setdefault(v.report.job, []).append(self._rank(v, tuple(uses), now))
+            elsewhere = max(0, v.report.world_size - len(here[v.report.job]))
+            by_job.setdefault(v.report.job, []).append(self._rank(v, tuple(uses), elsewhere, now))
         if only is None:
             self.liveness.forget({(v.report.job, v.report.rank, v.report.incarnation) for v in views})
         return [self._job(job, ranks, now) for job, ranks in sorted(by_job.items())]
 
-    def _rank(self, v: RankView, uses: tuple[GpuUse, ...], now: float) -> RankResult:
+    def _rank(self, v: RankView, uses: tuple[GpuUse, ...], elsewhere: int, now: float) -> RankResult:
         r = v.report
         rates = measure(v, v.received if r.final else now, self.window)
         peak = self._peak(v, uses)
@@ -193,7 +197,7 @@ class Analysis:
             (r.job, r.rank, r.incarnation), r.pid, r.started, r.process_started, now
         ):
             exited = f"pid {r.pid} exited or was killed without its final report"
-        signals = self._signals(v, rates, uses, mfu, exited, now)
+        signals = self._signals(v, rates, uses, mfu, exited, elsewhere, now)
         key = (r.job, r.rank, r.incarnation)  # a restarted process starts afresh
         verdict = diagnose(signals, self.thresholds, lambda raw: self.holds.hold(key, raw, now))
         gone = "finished" if r.final else "exited" if exited else "silent" if _silent(v, now) else None
@@ -242,6 +246,7 @@ class Analysis:
         uses: tuple[GpuUse, ...],
         mfu: float | None,
         exited: str | None,
+        elsewhere: int,
         now: float,
     ) -> Signals:
         r = v.report
@@ -289,6 +294,7 @@ class Analysis:
             settled=settled,
             unknown_devices=tuple(r.devices) if r.devices and not uses else (),
             open_phase=_open_phase(v, now),
+            peers_elsewhere=elsewhere,
             **_setup_signals(r, uses),
             **gpu,
         )
@@ -349,6 +355,7 @@ class Analysis:
             settled=all(s.settled for s in sig),
             unknown_devices=tuple(dict.fromkeys(d for s in sig for d in s.unknown_devices)),
             open_phase=max((s.open_phase for s in sig if s.open_phase), key=lambda o: o[1], default=None),
+            peers_elsewhere=max(s.peers_elsewhere for s in sig),
             **_worst_setup(sig),
             **_gpu_signals(sig),
         )

@@ -107,7 +107,7 @@ def render_markdown() -> str:
         "show. The budget is that of a node with one process per GPU, no MIG and no XID yet: each further",
         "process adds 2 series, each XID code a GPU has seen 2, each MIG GPU instance up to 7 (one info",
         "series per compute instance, memory and activity per GPU instance); a training job adds its own",
-        "(`gpumon_training_*`, about 52 per rank). Debug detail is opt-in by name, like node_exporter's",
+        "(`gpumon_training_*`, about 69 per rank). Debug detail is opt-in by name, like node_exporter's",
         "collectors: `--collect NAME` (repeatable",
         "or comma-separated; `GPUMON_COLLECT`, `collect = [...]` in the config file; `all` for everything).",
         "The metrics below carry the name in the *opt-in* column.",

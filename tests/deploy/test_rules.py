@@ -698,3 +698,13 @@ def test_alertmanager_notifications_always_have_a_title(tmp_path: Path) -> None:
     expected = {"GpumonGpuXidCritical on n1:9478: 2 alerts", "Training job llama lost ranks"}
     assert {b["payload"]["summary"] for b in receiver.bodies("/pagerduty")} == expected
     assert {b["attachments"][0]["title"] for b in receiver.bodies("/slack")} == expected
+
+
+def test_the_deploy_guide_states_the_largest_rule_group_as_it_is(groups: list[dict[str, Any]]) -> None:
+    """Mimir's ruler refuses a group above ruler_max_rules_per_rule_group: the number it must be raised to is
+    the size of gpumon's largest group, which grows as rules are added."""
+    largest = max(groups, key=lambda g: len(g["rules"]))
+    text = (ROOT / "docs" / "deploy.md").read_text()
+    n = len(largest["rules"])
+    assert f"`ruler_max_rules_per_rule_group` to at least {n}" in text
+    assert f"`{largest['name']}` has {n} rules" in text

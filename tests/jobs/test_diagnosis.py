@@ -17,6 +17,7 @@ from gpumon.jobs.diagnosis import (
     parse_thresholds,
     straggler_scores,
 )
+from gpumon.jobs.diagnosis.wording import WAIT_ADVICE
 from gpumon.jobs.gpus import THROTTLING, _point
 
 T = Thresholds()
@@ -254,3 +255,23 @@ def test_a_declared_setup_the_memory_contradicts_is_a_finding() -> None:
 def test_a_settle_function_holds_the_previous_verdict() -> None:
     v = diagnose(Signals(progressing=True, data_wait_share=0.2, utilization=0.5), T, lambda raw: "compute")
     assert v.bottleneck == "compute" and "input" in v.findings
+
+
+def test_a_node_that_sees_its_ranks_wait_for_peers_elsewhere_does_not_claim_the_network() -> None:
+    """Ranks on other nodes: a long communication phase may be a wait for a slower peer, which this node
+    cannot see; the verdict says "waiting in communication" and hands over to the job's view. Saturated
+    links here, or a job all on this node, are still communication-bound."""
+    waiting = Signals(progressing=True, utilization=0.6, communication_share=0.45, peers_elsewhere=16)
+    v = diagnose(waiting, T)
+    assert v.bottleneck == "communication"  # the one-hot label the job rules average stays
+    assert v.summary.startswith("waiting in communication: 45 % of wall time in collectives with 16 ranks")
+    assert "communication-bound" not in v.summary
+    assert v.advice == WAIT_ADVICE and "straggler" in v.advice
+    alone = diagnose(Signals(progressing=True, utilization=0.6, communication_share=0.45), T)
+    assert alone.summary.startswith("communication-bound") and alone.advice == ADVICE["communication"]
+    saturated = Signals(
+        progressing=True, utilization=0.6, communication_share=0.45, nvlink_utilization=0.9, peers_elsewhere=8
+    )
+    assert diagnose(saturated, T).summary.startswith("communication-bound")
+    # the configured link threshold, not the default, decides what saturated means
+    assert diagnose(saturated, Thresholds(link_busy=0.95)).summary.startswith("waiting in communication")

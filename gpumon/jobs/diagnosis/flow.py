@@ -16,6 +16,7 @@ from gpumon.jobs.diagnosis.signals import Evidence, Signals, Thresholds, Verdict
 from gpumon.jobs.diagnosis.wording import (
     ADVICE,
     OPEN_ADVICE,
+    WAIT_ADVICE,
     clocks_note,
     flops_note,
     link_use,
@@ -23,6 +24,7 @@ from gpumon.jobs.diagnosis.wording import (
     shared_note,
     summary,
     unknown_device_note,
+    waits_on_peers,
 )
 
 
@@ -122,13 +124,17 @@ def diagnose(s: Signals, t: Thresholds, settle: Callable[[str], str] | None = No
     if s.finished:
         findings.append("finished")
     evidence = tuple(dict.fromkeys(ev[k] for k in (*used, *ev) if k in ev))
-    line = summary(verdict, s)
+    line = summary(
+        "communication_wait" if verdict == "communication" and waits_on_peers(s, t) else verdict, s
+    )
     if held is not None:
         # the figures are this window's, and may no longer meet the verdict held: say so, not a contradiction
         line = f"{verdict} (held while a change settles; this window reads {held}): {line}"
     if s.finished and verdict != "gpu_down":
         line = f"finished; over its last window {line}"
     advice = ADVICE[verdict]
+    if verdict == "communication" and waits_on_peers(s, t):
+        advice = WAIT_ADVICE
     if verdict in ("stalled", "idle") and s.open_phase is not None:
         advice = OPEN_ADVICE.get(s.open_phase[0], advice)
     return Verdict(verdict, line, advice, evidence, tuple(findings), tuple(notes))

@@ -123,6 +123,9 @@ class Signals:
     setup_estimate_bytes: float | None = None
     allocated_peak_bytes: float | None = None
     hbm_bytes: float | None = None
+    # ranks of the job on other nodes (its world size less its ranks here): time in collectives may be a
+    # wait for one of them, which this node cannot see
+    peers_elsewhere: int = 0
 
     @property
     def current_utilization(self) -> float | None:

@@ -44,6 +44,24 @@ ADVICE = {
 }
 
 
+# the advice of a communication verdict on a node that sees its ranks wait for peers on other nodes
+WAIT_ADVICE = (
+    "The ranks here wait in collectives for ranks on other nodes. Either a peer is slower (a straggler: "
+    "every other rank waits for it in each all-reduce) or the network between nodes is slow. The job view "
+    "decides: instance_job_name:gpumon_training_straggler:ratio and the GpumonTrainingStragglerNode/Rank "
+    "alerts name a straggler node or rank (fix or drain it first); with none, check the inter-node fabric "
+    "(InfiniBand/RoCE link state and errors, NCCL_DEBUG=INFO's chosen transport) and overlap communication "
+    "with compute."
+)
+
+
+def waits_on_peers(s: Signals, t: Thresholds) -> bool:
+    """Time in collectives of a job with ranks on other nodes, this node's links not saturated: it may be a
+    wait for a slower peer as much as a slow network, and only the job's view across nodes can tell."""
+    link = link_use(s)
+    return s.peers_elsewhere > 0 and (link is None or link < t.link_busy)
+
+
 def link_use(s: Signals) -> float | None:
     return max((x for x in (s.nvlink_utilization, s.pcie_utilization) if x is not None), default=None)
 
@@ -140,6 +158,11 @@ _SUMMARIES: dict[str, Callable[[Signals], str]] = {
     "communication": lambda s: (
         f"communication-bound: {_pct(s.communication_share)} of wall time in "
         f"communication, link use {_pct(link_use(s))}"
+    ),
+    "communication_wait": lambda s: (
+        f"waiting in communication: {_pct(s.communication_share)} of wall time in collectives with "
+        f"{s.peers_elsewhere} ranks on other nodes, link use {_pct(link_use(s))}; a slow network and a "
+        "slower peer look the same from this node: the job's view across nodes says which"
     ),
     "throttled": lambda s: (
         f"throttled: thermal or hardware clock limits active in {_pct(s.throttled_share)} of samples, and "
