@@ -12,7 +12,8 @@
     reporter.close()                        # also done at interpreter exit
 
 ``Reporter(job, rank, world_size, local_rank, device, kind, workload, dtype, flops_per_token, model,
-flops_convention, peak_flops, url, token, interval, enabled, resumed_step, micro_batch, zero_stage, setup)``:
+flops_convention, peak_flops, url, token, interval, enabled, resumed_step, micro_batch, zero_stage, setup,
+state_dir)``:
 every argument is optional. Left None:
 
 - job: GPUMON_JOB, TORCHELASTIC_RUN_ID, "<SLURM_JOB_NAME>-<SLURM_JOB_ID>", else the script's name;
@@ -24,6 +25,9 @@ every argument is optional. Left None:
 - token: GPUMON_INGEST_TOKEN (sent as a bearer token); interval: GPUMON_REPORT_INTERVAL, else 1 s;
 - enabled: false when GPUMON_REPORT is 0/false/no/off; every call is then a no-op;
 - resumed_step: none (a fresh run); the global step of the checkpoint this process resumed from;
+- state_dir: GPUMON_STATE_DIR, else none; a directory that outlives the process wherever the rank restarts
+  (the checkpoint directory), where the rank keeps a small state file so that its next process, on any
+  node, books the restart's gap and redone steps (gpumon.client.rankstate);
 - micro_batch, zero_stage, setup: none; with a model (a ModelSpec or a preset name), what the daemon's memory
   estimate needs (setup: optimizer, checkpointing, offload, flash_attention, tp, sequence_parallel).
 

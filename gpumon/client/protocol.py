@@ -46,6 +46,11 @@ them, and an SDK whose report a daemon refuses for an unknown field resends with
                       long checkpoint or evaluation counts while it runs. Not cumulative; may go down
 ``memory``            the caching allocator of the rank's CUDA device (torch.cuda.memory_stats), or null:
                       {"device", one of MEMORY_FIELDS: non-negative integers}
+``predecessor``       the rank's previous process as the SDK's state file recorded it (GPUMON_STATE_DIR), or
+                      null: {"incarnation", "step": its high-water global step, "last_step": unix seconds of
+                      its last step}. A daemon that never saw that process (it ran on another node) books the
+                      gap since ``last_step`` as the restart's and the steps up to ``step`` as redone;
+                      ``last_step`` <= ``started``, at most MAX_RESTART_GAP before it
 ``setup``             what the memory estimator needs, or null: {"model": the shape as MODEL_FIELDS,
                       "micro_batch", "zero_stage", and optionally "optimizer", "checkpointing",
                       "offload", "flash_attention", "tp", "sequence_parallel"}
@@ -64,7 +69,7 @@ DEFAULT_URL = "http://127.0.0.1:9478"
 BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 60.0, 120.0)
 PHASES = ("data_wait", "forward_backward", "communication", "optimizer", "checkpoint", "evaluation")
 # the optional fields above: what a daemon older than them refuses as unknown
-EXTENSIONS = ("process_started", "resumed_step", "open_phases", "memory", "setup")
+EXTENSIONS = ("process_started", "resumed_step", "open_phases", "memory", "setup", "predecessor")
 # report key -> torch.cuda.memory_stats() key; the last two are counters, the rest bytes
 MEMORY_FIELDS = {
     "allocated_bytes": "allocated_bytes.all.current",
@@ -105,6 +110,7 @@ MAX_PER_CALL_SECONDS = 1e6
 MAX_COUNT = 2.0**53
 MAX_SECONDS = 10.0 * 365 * 86400
 MAX_STARTUP = 30.0 * 86400  # process_started at most this long before the Reporter
+MAX_RESTART_GAP = 7.0 * 86400  # a predecessor's last step at most this long before its successor's Reporter
 MAX_DIMENSION = 1 << 24  # a model's layers, width, heads, vocabulary or sequence length, a micro-batch
 MAX_TP = 1 << 16
 MAX_BYTES = 1 << 62  # an allocator figure

@@ -35,6 +35,7 @@ from gpumon.client.phases import NULL_PHASE, NullPhase, Phase
 from gpumon.client.process.allocator import AllocatorReader
 from gpumon.client.process.start import claim_process_start
 from gpumon.client.protocol import BUCKETS, MAX_PER_CALL, MAX_PER_CALL_SECONDS, MAX_PHASES, PHASE_PATTERN
+from gpumon.client.rankstate import StateFile, read_predecessor, state_path
 from gpumon.client.report import build_report, extend
 from gpumon.client.settings import FlopsModel, Settings, check_step, env_flag, resolve
 from gpumon.client.transport import Sender, Shipper, Transport
@@ -98,6 +99,7 @@ class Reporter:
         micro_batch: int | None = None,
         zero_stage: int | None = None,
         setup: dict[str, Any] | None = None,
+        state_dir: str | None = None,
     ) -> None:
         # the hot path's state comes first, so every method works whatever happens below
         self._on = False
@@ -129,6 +131,7 @@ class Reporter:
         self.settings = Settings()
         self.process_started: float | None = None
         self._memory: dict[str, Any] | None = None  # the latest allocator reading
+        self._state: StateFile | None = None  # the rank's state file, with a state directory
         # what the sender thread reads the allocator with (the report's "memory"); the simulator's ranks
         # put their own here
         self.memory_source: Callable[[], dict[str, Any] | None] | None = None
@@ -140,7 +143,7 @@ class Reporter:
             self.settings, problems = resolve(
                 environ, job, rank, world_size, local_rank, device, kind, workload, dtype, flops_per_token,
                 model, flops_convention, peak_flops, url, token, interval, resumed_step, micro_batch,
-                zero_stage, setup,
+                zero_stage, setup, state_dir,
             )  # fmt: skip
             for problem in problems:
                 log.warning("gpumon: %s", problem)
@@ -158,6 +161,10 @@ class Reporter:
                     self.process_started = claim_process_start()
                     reader = AllocatorReader(self.settings.cuda_ordinal, self.settings.local_rank)
                     self.memory_source = reader.read
+                    if self.settings.state_dir is not None:
+                        path = state_path(self.settings.state_dir, self.settings.job, self.settings.rank)
+                        found = read_predecessor(path, self.incarnation, time.time())
+                        self._state = StateFile(path, self.incarnation, found)
                     _ranks[key] = weakref.ref(self)
         except Exception:
             log.warning("gpumon: reporting is off: the Reporter could not be set up", exc_info=True)
@@ -422,6 +429,11 @@ class Reporter:
             final,
         )
         extend(report, self.settings, self.process_started, open_phases, self._read_memory())
+        state = self._state
+        if state is not None:
+            if state.predecessor is not None:
+                report["predecessor"] = state.predecessor
+            state.update(self.settings.resumed_step, t[0], updated, final)
         return report
 
     def _read_memory(self) -> dict[str, Any] | None:

@@ -7,6 +7,7 @@ training run. Standard library only, Python >= 3.9: this module runs inside trai
 from __future__ import annotations
 
 import numbers
+import os
 from collections.abc import Mapping
 from typing import Any, Protocol
 
@@ -104,6 +105,7 @@ class Settings:
         self.token: str | None = None
         self.interval = 1.0
         self.resumed_step: int | None = None
+        self.state_dir: str | None = None  # where the rank's state file lives (rankstate.py)
         self.setup: dict[str, Any] | None = None  # the report's "setup": what the memory estimator needs
         self.cuda_ordinal: int | None = None  # the device argument's CUDA ordinal, for the allocator
 
@@ -129,6 +131,7 @@ def resolve(
     micro_batch: int | None = None,
     zero_stage: int | None = None,
     setup: Mapping[str, Any] | None = None,
+    state_dir: str | None = None,
 ) -> tuple[Settings, list[str]]:
     """(settings, problems): explicit arguments, else the environment, else defaults. A bad argument is a
     problem to log and is replaced by its default: monitoring must never stop a training run."""
@@ -172,6 +175,12 @@ def resolve(
     problems.extend(f"device {item} not understood; ignored" for item in bad)
     s.url = url or env.get("GPUMON_URL") or DEFAULT_URL
     s.token = token if token is not None else (env.get("GPUMON_INGEST_TOKEN") or None)
+    directory = state_dir if state_dir is not None else env.get("GPUMON_STATE_DIR")
+    if directory:
+        if os.path.isdir(directory):
+            s.state_dir = str(directory)
+        else:
+            problems.append(f"state directory {directory!r} is not a directory; restarts are not linked")
     raw_interval = interval if interval is not None else env.get("GPUMON_REPORT_INTERVAL")
     if raw_interval is not None:
         seconds = _positive(raw_interval)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from prometheus_client.core import Metric
@@ -17,6 +17,7 @@ from gpumon.client import protocol as P
 from gpumon.jobs.analysis import Analysis, JobResult, RankResult
 from gpumon.jobs.diagnosis import BOTTLENECKS
 from gpumon.jobs.families import RowFamily
+from gpumon.jobs.goodput.carry import CarryGate
 from gpumon.jobs.goodput.ledger import CAUSES, LedgerView
 from gpumon.jobs.store import RankView
 
@@ -72,6 +73,7 @@ class TrainingCollector:
         self.analysis = analysis
         self.stats = stats
         self.library = library
+        self.carry = CarryGate()
 
     def describe(self) -> list[Metric]:
         """Every family this collector can yield, so ``/metrics?name[]=`` can select training series."""
@@ -83,13 +85,16 @@ class TrainingCollector:
         now = self.analysis.clock()
         live: set[tuple[str, int]] = set()
         for job in self.analysis.jobs(now):
-            _add_job(f, job)
+            _add_job(f, job, self.carry)
             live.update((job.job, r.view.report.rank) for r in job.ranks)
             if lib is not None:
                 _add_baseline(f, job, lib, self.analysis.store.baseline_steps)
+        exported = set(live)
         for job_name, rank, ledger in self.analysis.store.gone_ledgers(now):
             if (job_name, rank) not in live:  # it went between the two reads: exported above already
-                _add_ledger(f, [job_name, str(rank)], ledger)
+                _add_ledger(f, [job_name, str(rank)], ledger, self.carry.held((job_name, rank), ledger)[0])
+                exported.add((job_name, rank))
+        self.carry.keep(exported)
         for job_name, lost in self.analysis.store.lost(now).items():
             f[M.RANKS_LOST.name].add_metric([job_name], lost)
         yield from (fam for fam in f.values() if fam.rows)
@@ -113,20 +118,36 @@ def _opt(f: dict[str, Any], m: M.Metric, labels: list[str], value: float | None)
         f[m.name].add_metric(labels, value)
 
 
-def _add_job(f: dict[str, Any], j: JobResult) -> None:
+def _add_job(f: dict[str, Any], j: JobResult, carry: CarryGate) -> None:
     jl = [j.job]
-    f[M.JOB_RANKS.name].add_metric(jl, len(j.ranks))
+    f[M.JOB_RANKS.name].add_metric([*jl, rank_ranges(r.view.report.rank for r in j.ranks)], len(j.ranks))
     if any(r.gone is None for r in j.ranks):  # a job with no rank running has no throughput to add up
         _opt(f, M.JOB_TOKENS_RATE, jl, j.tokens_per_second)
         _opt(f, M.JOB_MFU, jl, j.mfu)
     for b in BOTTLENECKS:
         f[M.JOB_BOTTLENECK.name].add_metric([*jl, b], 1 if j.verdict.bottleneck == b else 0)
     for r in j.ranks:
-        _add_rank(f, r)
+        _add_rank(f, r, carry)
 
 
-def _add_rank(f: dict[str, Any], r: RankResult) -> None:
+RANGES_MAX = 120  # characters: a node's ranks are few; an odd spread of them is cut, not a huge label
+
+
+def rank_ranges(ranks: Iterable[int]) -> str:
+    """The ranks as runs, "8-15" or "0-3,6,9-10": what an alert prints to name a node's share of a job."""
+    runs: list[list[int]] = []
+    for rank in sorted(set(ranks)):
+        if runs and rank == runs[-1][1] + 1:
+            runs[-1][1] = rank
+        else:
+            runs.append([rank, rank])
+    text = ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+    return text if len(text) <= RANGES_MAX else text[: text.rfind(",", 0, RANGES_MAX - 3)] + ",..."
+
+
+def _add_rank(f: dict[str, Any], r: RankResult, carry: CarryGate) -> None:
     rep = r.view.report
+    held, moves = carry.held((rep.job, rep.rank), r.view.ledger)
     off = r.view.offsets
     rl = [rep.job, str(rep.rank)]
     f[M.RANK_INFO.name].add_metric(
@@ -146,7 +167,7 @@ def _add_rank(f: dict[str, Any], r: RankResult) -> None:
         f[M.RANK_GPU_INFO.name].add_metric([*rl, str(w.index), w.uuid, w.mig_uuid or "", u.via], 1)
     f[M.LAST_REPORT.name].add_metric(rl, rep.time)
     _opt(f, M.LAST_PROGRESS, rl, rep.updated)
-    f[M.RESTARTS.name].add_metric(rl, r.view.restarts)
+    f[M.RESTARTS.name].add_metric(rl, r.view.restarts + r.view.ledger.moves - moves)
     totals = r.view.totals()
     f[M.STEPS.name].add_metric(rl, totals["steps"])
     f[M.TOKENS.name].add_metric(rl, totals["tokens"])
@@ -167,7 +188,7 @@ def _add_rank(f: dict[str, Any], r: RankResult) -> None:
     for b in BOTTLENECKS:
         f[M.BOTTLENECK.name].add_metric([*rl, b], 1 if r.verdict.bottleneck == b else 0)
     if rep.kind == "train":
-        _add_ledger(f, rl, r.view.ledger)
+        _add_ledger(f, rl, r.view.ledger, held)
     _add_allocator(f, rl, r.view)
 
 
@@ -185,10 +206,12 @@ def _add_rates(f: dict[str, Any], rl: list[str], r: RankResult) -> None:
     _opt(f, M.STRAGGLER, rl, r.straggler)
 
 
-def _add_ledger(f: dict[str, Any], rl: list[str], ledger: LedgerView) -> None:
+def _add_ledger(f: dict[str, Any], rl: list[str], ledger: LedgerView, held: float) -> None:
+    """``held``: restart seconds carried from another node's process, not yet published (goodput/carry.py)."""
     f[M.GOODPUT.name].add_metric(rl, ledger.goodput)
     for cause in CAUSES:
-        f[M.BADPUT.name].add_metric([*rl, cause], ledger.badput[cause])
+        seconds = ledger.badput[cause] - (held if cause == "restart" else 0.0)
+        f[M.BADPUT.name].add_metric([*rl, cause], seconds)
     f[M.STEPS_REDONE.name].add_metric(rl, ledger.steps_redone)
 
 

@@ -25,7 +25,8 @@ def job_json(j: JobResult, window: float) -> dict[str, Any]:
 
 def _job_ledger(j: JobResult) -> dict[str, Any] | None:
     train = [r for r in j.ranks if r.view.report.kind == "train"]
-    ledger = ledger_json([r.view.ledger for r in train], max((r.view.restarts for r in train), default=0))
+    restarts = max((r.view.restarts + r.view.ledger.moves for r in train), default=0)
+    ledger = ledger_json([r.view.ledger for r in train], restarts)
     if ledger is not None:
         ledger["summary"] = ledger_line(ledger)
     return ledger
@@ -55,7 +56,7 @@ def _rank_json(r: RankResult) -> dict[str, Any]:
         "workload": rep.workload,
         "pid": rep.pid,
         "incarnation": rep.incarnation,
-        "restarts": r.view.restarts,
+        "restarts": r.view.restarts + r.view.ledger.moves,
         "final": rep.final,
         "gone": r.gone,
         "last_report": rep.time,

@@ -113,6 +113,16 @@ class Report:
     open_phases: Mapping[str, float] = field(default_factory=dict)
     memory: Memory | None = None
     setup: Mapping[str, Any] | None = None  # checked: "model" holds ModelSpec's fields
+    predecessor: Predecessor | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Predecessor:
+    """The rank's previous process, from the SDK's state file: how far it got and when it last stepped."""
+
+    incarnation: str
+    step: int  # its high-water global step
+    last_step: float  # unix seconds
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,6 +194,22 @@ def _fields(data: Any) -> Report:
         open_phases=_phases(data.get("open_phases"), "open_phases"),
         memory=_memory(data.get("memory")),
         setup=_setup(data.get("setup")),
+        predecessor=_predecessor(data.get("predecessor")),
+    )
+
+
+def _predecessor(value: object) -> Predecessor | None:
+    if value is None:
+        return None
+    data = _object(value, "predecessor")
+    unknown = sorted(set(data) - {"incarnation", "step", "last_step"})
+    if unknown:
+        raise InvalidReport(f"predecessor: unknown field {show(unknown[0])}")
+    named = {f"predecessor.{key}": item for key, item in data.items()}  # errors name the field in full
+    return Predecessor(
+        incarnation=_match(named, "predecessor.incarnation", _INCARNATION, "1-64 letters, digits, _ or -"),
+        step=_int(named, "predecessor.step", 0, int(P.MAX_COUNT)),
+        last_step=_timestamp(named, "predecessor.last_step"),
     )
 
 
@@ -212,6 +238,17 @@ def _consistent(r: Report) -> None:
             raise InvalidReport(
                 f"process_started: {days:.0f} days before started (at most {P.MAX_STARTUP / 86400:.0f}); "
                 "a misread start time"
+            )
+    p = r.predecessor
+    if p is not None:
+        if p.incarnation == r.incarnation:
+            raise InvalidReport("predecessor.incarnation: this report's own, not an earlier process's")
+        if p.last_step > r.started + _CLOCK_SLACK:
+            raise InvalidReport("predecessor.last_step: later than started; it is the previous process's")
+        if r.started - p.last_step > P.MAX_RESTART_GAP:
+            raise InvalidReport(
+                f"predecessor.last_step: more than {P.MAX_RESTART_GAP / 86400:.0f} days before started; "
+                "a stale state file"
             )
     if r.step_seconds.count > t.steps:
         raise InvalidReport("step_seconds: more observations than totals.steps")

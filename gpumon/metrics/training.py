@@ -49,7 +49,8 @@ LAST_PROGRESS = metric(
 RESTARTS = metric(
     "gpumon_training_restarts_total",
     "counter",
-    "Times the rank came back as a new process (a new SDK incarnation); counters continue across restarts.",
+    "Times the rank came back as a new process (a new SDK incarnation); counters continue across restarts. "
+    "A process that follows one on another node (the SDK's state directory) counts too.",
     RANK,
     source="SDK report incarnation",
 )
@@ -191,7 +192,7 @@ BADPUT = metric(
     "counter",
     "Wall-clock seconds of the rank that did not become training progress, by cause: startup (process "
     "start to first step), restart (a finished process's final report, or a killed one's last step, to its "
-    "successor's first step), checkpoint, "
+    "successor's first step, on another node too where the SDK has a state directory), checkpoint, "
     "evaluation, data_wait, stall (no step, beyond those phases, for 4 recent mean step times, at least "
     "10 s), lost_progress (steps redone after resuming from an older checkpoint), slow_steps (excess over "
     "the baseline step time). Every cause from 0.",
@@ -269,7 +270,12 @@ ALLOCATOR_OOMS = metric(
 
 section("Training and inference jobs: per job on this node")
 JOB_RANKS = metric(
-    "gpumon_training_job_ranks", "gauge", "Ranks of the job reporting to this node.", JOB, source="SDK"
+    "gpumon_training_job_ranks",
+    "gauge",
+    "Ranks of the job reporting to this node; ranks lists them as runs (8-15, or 0-3,6), so an alert "
+    "can name a node's share of a job.",
+    (*JOB, "ranks"),
+    source="SDK",
 )
 JOB_TOKENS_RATE = metric(
     "gpumon_training_job_tokens_per_second",

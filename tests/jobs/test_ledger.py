@@ -516,3 +516,55 @@ def test_a_rank_first_seen_mid_run_has_no_retries_in_the_window_yet() -> None:
     fresh.ingest(parse(body), T0 + 2)
     (view,) = fresh.views(T0 + 2)
     assert measure(view, T0 + 2, 60.0).alloc_retries == 5  # seen from its start: they are recent
+
+
+def test_a_restart_on_another_node_books_what_the_same_node_would() -> None:
+    """The rank's process dies on node A and resumes on node B, whose daemon never saw it: with the state
+    file's predecessor (A's incarnation, high-water step and last step) B books the gap since A's last step as
+    the restart's and the redone steps as lost progress. A and B together account what one daemon seeing both
+    processes accounts (the test above): nothing lost, nothing twice."""
+    a = Ledger()
+    feed(a, rep(T0 + 1, 1, first=T0 + 1, last=T0 + 1), rep(T0 + 5, 41, first=T0 + 1, last=T0 + 4.9))
+    s = T0 + 8
+    was = {"incarnation": "a1", "step": 41, "last_step": T0 + 4.9}
+    b = Ledger()
+    feed(
+        b,
+        rep(s + 1, 0, incarnation="b2", started=s, resumed_step=20, predecessor=was),
+        rep(s + 2, 1, first=s + 2, last=s + 2, incarnation="b2", started=s, resumed_step=20, predecessor=was),
+        rep(
+            s + 4, 21, first=s + 2, last=s + 4, incarnation="b2", started=s, resumed_step=20, predecessor=was
+        ),
+        rep(
+            s + 5, 31, first=s + 2, last=s + 5, incarnation="b2", started=s, resumed_step=20, predecessor=was
+        ),
+    )
+    va, vb = a.view(), b.view()
+    total = {c: va.badput[c] + vb.badput[c] for c in CAUSES if va.badput[c] + vb.badput[c]}
+    assert {"goodput": va.goodput + vb.goodput, **total} == pytest.approx(
+        {"startup": 1.0, "goodput": 3.9 + 1.0, "restart": 0.1 + 5.0, "lost_progress": 2.0}
+    )
+    assert va.pending == pytest.approx(0.1)  # A holds its dead process's last 0.1 s: B booked it
+    assert vb.steps_redone == 21 and vb.high_step == 51
+    assert (vb.moves, vb.carried, vb.since) == (1, pytest.approx(3.1), T0 + 4.9)
+    # the same report on the node that did see the predecessor follows the ordinary restart path
+    same = Ledger()
+    feed(same, rep(T0 + 1, 1, first=T0 + 1, last=T0 + 1), rep(T0 + 5, 41, first=T0 + 1, last=T0 + 4.9))
+    feed(same, rep(s + 1, 0, incarnation="b2", started=s, resumed_step=20, predecessor=was))
+    assert (same.view().moves, same.view().carried) == (0, 0.0)
+
+
+def test_a_rank_back_on_a_node_it_left_does_not_book_the_time_it_was_away() -> None:
+    """A on node 1, then B on node 2, then C back on node 1: node 1's ledger still holds A's last point; C's
+    predecessor is B, so node 1 books only the gap since B's last step, not the hours B ran elsewhere."""
+    ledger = Ledger()
+    feed(ledger, rep(T0 + 1, 1, first=T0 + 1, last=T0 + 1), rep(T0 + 5, 41, first=T0 + 1, last=T0 + 4.9))
+    s = T0 + 3600
+    was = {"incarnation": "b2", "step": 900, "last_step": s - 10}
+    out = feed(
+        ledger,
+        rep(s + 1, 0, incarnation="c3", started=s, predecessor=was),
+        rep(s + 2, 1, first=s + 2, last=s + 2, incarnation="c3", started=s, predecessor=was),
+    )
+    assert out["restart"] == pytest.approx(10 + 2)
+    assert ledger.view().high_step == 901 and ledger.view().moves == 1

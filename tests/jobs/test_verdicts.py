@@ -3,6 +3,7 @@ and a verdict that does not flip with one window."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -369,3 +370,51 @@ def test_two_reporters_of_one_process_do_not_share_its_gpu(gpu) -> None:
         ingest_rank(s, "nb-b", pid=second_pid)
         jobs = Analysis(s, lambda: snap).jobs()
         assert [("gpu_shared" in j.verdict.findings) for j in jobs] == [shared, shared], second_pid
+
+
+def test_a_job_with_ranks_on_other_nodes_waits_in_communication(gpu) -> None:
+    """Two of a job's eight ranks report here, 45 % of each step in communication: six ranks are elsewhere,
+    and the rank's and the job's verdicts say the ranks wait, not that the network is the bottleneck."""
+    _, sampler = gpu
+    snap = sampler.sweep()
+    s = store()
+    for rank, pid in ((0, 101), (1, 102)):
+        ingest_rank(s, "spread", pid=pid, rank=rank, world_size=8, phases_per_step={"communication": 0.225})
+    (job,) = Analysis(s, lambda: snap).jobs()
+    assert job.signals.peers_elsewhere == 6
+    assert job.verdict.bottleneck == "communication"
+    assert job.verdict.summary.startswith("waiting in communication: 45 % of wall time in collectives with 6")
+    assert all(r.verdict.summary.startswith("waiting in communication") for r in job.ranks)
+
+
+def test_a_restart_carried_from_another_node_reaches_metrics_once_its_series_exist(gpu) -> None:
+    """A rank that moved here books its dead gap at its first report; Prometheus's increase() cannot see a
+    counter born at that value, so /metrics publishes the carried seconds and the restart only from the third
+    render on, the series already scraped without them; /v1/jobs has them at once."""
+    _, sampler = gpu
+    now = time.time()
+    s = store()
+    was = {"incarnation": "dead-one", "step": 30, "last_step": now - 80.0}
+    started = now - 21.0
+    for n, seq in ((0, 0), (40, 1)):  # seen from its start: its first reports
+        r = report(
+            n, started=started, step_seconds=0.5, job="moved", pid=os.getpid(), seq=seq, predecessor=was
+        )
+        s.ingest(parse(r), time.time())
+    c = TrainingCollector(Analysis(s, sampler.sweep), IngestStats())
+
+    def restart() -> tuple[float, float]:
+        f = _families(c, now)
+        (gap,) = [
+            x.value for x in f["gpumon_training_badput_seconds_total"] if x.labels["cause"] == "restart"
+        ]
+        (count,) = [x.value for x in f["gpumon_training_restarts_total"]]
+        return gap, count
+
+    ledger = s.views(now)[0].ledger
+    assert ledger.moves == 1 and ledger.carried > 50  # the predecessor's last step to this process's start
+    booked = ledger.badput["restart"]
+    first, second, third = restart(), restart(), restart()
+    assert first == second == (pytest.approx(booked - ledger.carried), 0)
+    assert third == (pytest.approx(booked), 1)
+    assert job_json(Analysis(s, sampler.sweep).jobs(now)[0], 60.0)["goodput"]["restarts"] == 1

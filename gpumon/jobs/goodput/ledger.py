@@ -18,6 +18,12 @@ every second of that interval lands in exactly one bucket. Which bucket, when se
    seconds): ``stall``, from the last step on, less the own length of the step that ends it (and of the
    steps after it in that report: the recent mean each), which is the step's. The recent mean follows the
    step times of the last minute or so (an exponential average).
+A process whose report names a predecessor this ledger never saw (the SDK's state file: the rank's previous
+process ran on another node, whose daemon booked its time up to its last step) follows it from there: the
+gap from that last step to this process's start is ``restart``'s (``carried``, so the exporter can publish it
+once the rank's series exist), the steps up to its high-water step are redone, and the rank counts one more
+restart (``moves``).
+
 4. After a process's last step: a final report (a clean end) ends the wait as a step would. What its
    phases and a stall did not take is goodput: a pause shorter than the threshold, as before a step (a
    run's wind-down is seconds; its final save and evaluation are phases). A process killed (no final
@@ -75,6 +81,9 @@ class LedgerView:
     pending: float  # seconds since the last step not yet classified
     steps_redone: float
     high_step: float  # the rank's high-water global step
+    # of badput["restart"], the gaps since predecessors on other nodes, and how many such restarts
+    carried: float = 0.0
+    moves: int = 0
 
     @property
     def total(self) -> float:
@@ -85,7 +94,8 @@ class Ledger:
     # slots: a gone rank keeps its ledger for an hour (with its offsets), up to 4 x --max-ranks of them
     __slots__ = (
         "_base", "_claimed", "_follows", "_high", "_hist", "_incarnation", "_mean", "_pending", "_seen",
-        "_stalled", "_stepped", "_steps", "_to", "badput", "goodput", "since", "steps_redone",
+        "_stalled", "_stepped", "_steps", "_to", "badput", "carried", "goodput", "moves", "since",
+        "steps_redone",
     )  # fmt: skip
 
     def __init__(self) -> None:
@@ -107,6 +117,8 @@ class Ledger:
         # phase seconds claimed since its last step: (checkpoint and evaluation, data wait)
         self._claimed = (0.0, 0.0)
         self._mean: float | None = None  # its recent mean step time
+        self.carried = 0.0  # restart seconds since predecessors another daemon saw
+        self.moves = 0
 
     def view(self) -> LedgerView:
         return LedgerView(
@@ -117,6 +129,8 @@ class Ledger:
             self._pending,
             self.steps_redone,
             self._high,
+            self.carried,
+            self.moves,
         )
 
     def observe(self, r: Report, baseline_step: float | None) -> None:
@@ -190,6 +204,7 @@ class Ledger:
     def _start(self, r: Report) -> bool:
         """A new process of the rank; True when there is nothing to account yet (first seen mid-run)."""
         first = self._incarnation is None
+        known = self._incarnation
         self._incarnation = r.incarnation
         self._stepped = False
         self._steps = 0.0
@@ -197,6 +212,10 @@ class Ledger:
         self._hist = ((), 0.0)
         self._claimed = (0.0, 0.0)
         self._mean = None
+        p = r.predecessor
+        if p is not None and p.incarnation != known and r.seq < SEEN_FROM_START:
+            self._follow(r, p.step, p.last_step, first)
+            return False
         self._base = self._high if r.resumed_step is None else float(r.resumed_step)
         if not first:
             # the predecessor's time after its last step, and the gap until this process, is the restart's
@@ -218,6 +237,24 @@ class Ledger:
             return True
         self.since = self._to = min(r.process_started or r.started, r.started, r.time)
         return False
+
+    def _follow(self, r: Report, step: int, last_step: float, first: bool) -> None:
+        """This process follows one another daemon accounted up to its last step (at ``last_step``, global
+        step ``step``): the gap since is the restart's. What this ledger still held of an older process of
+        the rank (here before the rank moved away) was booked by the daemon that saw its successor."""
+        start = min(r.process_started or r.started, r.started, r.time)
+        self._high = max(self._high, float(step))
+        self._base = self._high if r.resumed_step is None else float(r.resumed_step)
+        self._pending = 0.0
+        self._stalled = False
+        self._follows = True
+        self.moves += 1
+        if first or self._to is None:
+            self.since = last_step
+        gap = max(0.0, start - max(last_step, self._to if self._to is not None else last_step))
+        self._add("restart", gap)
+        self.carried += gap
+        self._to = max(start, self._to if self._to is not None else start)
 
     def _claim(self, phase: str, r: Report, left: float) -> float:
         now = _phase_seconds(r, phase)
