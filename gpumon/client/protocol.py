@@ -50,7 +50,8 @@ them, and an SDK whose report a daemon refuses for an unknown field resends with
                       null: {"incarnation", "step": its high-water global step, "last_step": unix seconds of
                       its last step}. A daemon that never saw that process (it ran on another node) books the
                       gap since ``last_step`` as the restart's and the steps up to ``step`` as redone;
-                      ``last_step`` <= ``started``, at most MAX_RESTART_GAP before it
+                      a daemon follows it only when ``last_step`` is before ``started`` (5 s of clock skew
+                      allowed) and at most MAX_RESTART_GAP before it, as it keeps a gone rank's ledger
 ``setup``             what the memory estimator needs, or null: {"model": the shape as MODEL_FIELDS,
                       "micro_batch", "zero_stage", and optionally "optimizer", "checkpointing",
                       "offload", "flash_attention", "tp", "sequence_parallel"}
@@ -110,7 +111,7 @@ MAX_PER_CALL_SECONDS = 1e6
 MAX_COUNT = 2.0**53
 MAX_SECONDS = 10.0 * 365 * 86400
 MAX_STARTUP = 30.0 * 86400  # process_started at most this long before the Reporter
-MAX_RESTART_GAP = 7.0 * 86400  # a predecessor's last step at most this long before its successor's Reporter
+MAX_RESTART_GAP = 3600.0  # a predecessor's last step at most this long before its successor's Reporter
 MAX_DIMENSION = 1 << 24  # a model's layers, width, heads, vocabulary or sequence length, a micro-batch
 MAX_TP = 1 << 16
 MAX_BYTES = 1 << 62  # an allocator figure

@@ -9,7 +9,10 @@ it at start and sends it as its reports' ``predecessor``; the daemon books the g
 
 Written from the sender thread when the rank stepped since the last write, at most every WRITE_EVERY seconds
 and at the final report; atomically (a temporary file renamed over it), so a reader never sees half a file.
-Any failure is logged once and only stops this file's updates: monitoring never stops a training run.
+A failed write is logged once, removes the file (stale progress would mislead the next process more than
+none) and is tried again at the next update: monitoring never stops a training run. The file is read
+without following a final symlink or blocking on a FIFO, and written through a new temporary file of its own
+(O_EXCL), never through one planted at its name.
 Standard library only, Python >= 3.9: this module runs inside training processes.
 """
 
@@ -21,6 +24,7 @@ import json
 import logging
 import os
 import re
+import stat
 import threading
 import time
 from typing import Any
@@ -44,12 +48,14 @@ def read_predecessor(path: str, incarnation: str, now: float) -> dict[str, Any] 
     """The report's ``predecessor`` from the file a previous process of the rank left, or None: none, not
     readable, not what this module writes, or from the future (a clock gone back, a file copied in)."""
     try:
-        with open(path, "rb") as fh:
-            raw = fh.read(MAX_BYTES + 1)
+        raw = _read_regular(path)
     except FileNotFoundError:
         return None
     except OSError as exc:
         log.warning("gpumon: cannot read the rank state %s (%s): this restart is not linked", path, exc)
+        return None
+    if raw is None:
+        log.warning("gpumon: the rank state %s is not a regular file; ignored", path)
         return None
     try:
         data = json.loads(raw) if len(raw) <= MAX_BYTES else None
@@ -76,6 +82,19 @@ def read_predecessor(path: str, incarnation: str, now: float) -> dict[str, Any] 
     return {"incarnation": prev, "step": step, "last_step": float(last)}
 
 
+def _read_regular(path: str) -> bytes | None:
+    """At most MAX_BYTES + 1 bytes of ``path`` when it is a regular file, else None. Opened without blocking
+    and without following a symlink at its last component: a FIFO or a device planted there must not hang
+    the Reporter's constructor, nor a link lead it to read another file."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        return os.read(fd, MAX_BYTES + 1)
+    finally:
+        os.close(fd)
+
+
 class StateFile:
     """The rank's state file, written by this process."""
 
@@ -85,7 +104,7 @@ class StateFile:
         self.predecessor = predecessor
         self._written_steps = -1
         self._written_at = 0.0
-        self._failed = False
+        self._warned = False
         self._lock = threading.Lock()  # the sender thread, and flush() or close() on the caller's
 
     def high_water(self, resumed_step: int | None, steps: int) -> int:
@@ -101,7 +120,7 @@ class StateFile:
             self._update(resumed_step, steps, last_step, final)
 
     def _update(self, resumed_step: int | None, steps: int, last_step: float | None, final: bool) -> None:
-        if self._failed or last_step is None or steps == self._written_steps:
+        if last_step is None or steps == self._written_steps:
             return
         now = time.monotonic()
         if not final and now - self._written_at < WRITE_EVERY:
@@ -113,18 +132,29 @@ class StateFile:
             "last_step": last_step,
             "pid": os.getpid(),
         }
-        temporary = f"{self.path}.{os.getpid()}.tmp"
+        temporary = f"{self.path}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
         try:
-            with open(temporary, "w") as fh:
+            # a new file of our own: never through a link or a file someone planted at the temporary name
+            fd = os.open(
+                temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644
+            )
+            with os.fdopen(fd, "w") as fh:
                 json.dump(body, fh)
             os.replace(temporary, self.path)
         except OSError as exc:
-            self._failed = True
-            log.warning(
-                "gpumon: cannot write the rank state %s (%s): a restart will not be linked", self.path, exc
-            )
+            if not self._warned:
+                self._warned = True
+                log.warning(
+                    "gpumon: cannot write the rank state %s (%s): until a write succeeds, a restart is not "
+                    "linked", self.path, exc,
+                )  # fmt: skip
             with contextlib.suppress(OSError):
                 os.unlink(temporary)
+            # a file left from an earlier write would link the next process to stale progress (its time
+            # booked twice, its redone steps missed): better none; the next update tries again
+            with contextlib.suppress(OSError):
+                os.unlink(self.path)
+            self._written_at = now
             return
         self._written_steps = steps
         self._written_at = now

@@ -98,9 +98,9 @@ def stragglers() -> list[Panel | Row]:
         ),
         timeseries(
             "Node busy time per step vs job median",
-            "Each node's busy time per step (step time less communication and data wait) over the median of "
-            "the job's nodes. In synchronous training every node has the same step time, and the others wait "
-            "in the collective for the straggler: its busy time is the one above 100 %.",
+            "Each node's busy time per step (its median rank's step time less communication) over the "
+            "median of the job's nodes. In synchronous training every node has the same step time, and the "
+            "others wait in the collective for the straggler: its busy time is the one above 100 %.",
             RATIO,
             Target(
                 named(
@@ -123,10 +123,10 @@ def stragglers() -> list[Panel | Row]:
         ),
         timeseries(
             "Rank busy time per step vs job median",
-            "Each rank's busy time per step (step time less communication and data wait, over a minute) over "
+            "Each rank's busy time per step (step time less communication, over a minute) over "
             "the median rank of its job across all nodes: 125 % and more for five minutes is a straggler "
             "(GpumonTrainingStragglerRank, or GpumonTrainingStragglerNode when its whole node is). Ranks "
-            "that report neither phase have no busy time.",
+            "that report no communication phase have no busy time.",
             RATIO,
             Target(
                 named(

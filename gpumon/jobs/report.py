@@ -240,16 +240,8 @@ def _consistent(r: Report) -> None:
                 "a misread start time"
             )
     p = r.predecessor
-    if p is not None:
-        if p.incarnation == r.incarnation:
-            raise InvalidReport("predecessor.incarnation: this report's own, not an earlier process's")
-        if p.last_step > r.started + _CLOCK_SLACK:
-            raise InvalidReport("predecessor.last_step: later than started; it is the previous process's")
-        if r.started - p.last_step > P.MAX_RESTART_GAP:
-            raise InvalidReport(
-                f"predecessor.last_step: more than {P.MAX_RESTART_GAP / 86400:.0f} days before started; "
-                "a stale state file"
-            )
+    if p is not None and p.incarnation == r.incarnation:
+        raise InvalidReport("predecessor.incarnation: this report's own, not an earlier process's")
     if r.step_seconds.count > t.steps:
         raise InvalidReport("step_seconds: more observations than totals.steps")
     if r.request_seconds is not None and r.request_seconds.count > t.requests:

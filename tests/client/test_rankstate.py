@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -113,3 +114,51 @@ def test_job_names_with_unsafe_characters_get_distinct_file_names(tmp_path: Path
     a = RS.state_path(str(tmp_path), "team/llama:run@1", 3)
     b = RS.state_path(str(tmp_path), "team_llama_run_1", 3)
     assert a != b and Path(a).parent == tmp_path and "/" not in Path(a).name and a.endswith("-rank3.json")
+
+
+def test_a_fifo_or_a_symlink_at_the_state_path_is_not_read(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A FIFO would block the Reporter's constructor forever in open(); a symlink could point anywhere."""
+    fifo = tmp_path / "fifo.json"
+    os.mkfifo(fifo)
+    link = tmp_path / "link.json"
+    target = tmp_path / "elsewhere.json"
+    target.write_text('{"incarnation": "a1", "step": 5, "last_step": 2000000000}')
+    link.symlink_to(target)
+    with caplog.at_level(logging.WARNING, logger="gpumon.client"):
+        assert RS.read_predecessor(str(fifo), "me", time.time()) is None
+        assert RS.read_predecessor(str(link), "me", time.time()) is None
+    assert "not a regular file" in caplog.text and "cannot read" in caplog.text
+
+
+def test_a_failed_write_removes_the_stale_file_and_the_next_one_succeeds(tmp_path: Path) -> None:
+    """Progress written once and then frozen would link the next process to stale data (its time booked
+    twice, its redone steps missed): after a failed write there is no file until a write succeeds."""
+    path = tmp_path / "s.json"
+    state = RS.StateFile(str(path), "a1", None)
+    state.update(None, 10, 2e9, final=True)
+    assert json.loads(path.read_text())["step"] == 10
+    real = os.replace
+
+    def failing(*args: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    os.replace = failing  # type: ignore[assignment]
+    try:
+        state.update(None, 20, 2e9 + 5, final=True)
+    finally:
+        os.replace = real
+    assert not path.exists() and not list(tmp_path.glob("*.tmp"))
+    state.update(None, 30, 2e9 + 9, final=True)
+    assert json.loads(path.read_text())["step"] == 30
+
+
+def test_a_planted_file_at_a_temporary_name_is_never_written_through(tmp_path: Path) -> None:
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    path = tmp_path / "s.json"
+    for pid_guess in range(5):  # the old predictable names: path.<pid>.tmp
+        (tmp_path / f"s.json.{os.getpid() + pid_guess}.tmp").symlink_to(victim)
+    RS.StateFile(str(path), "a1", None).update(None, 1, 2e9, final=True)
+    assert victim.read_text() == "precious" and not path.is_symlink()

@@ -567,4 +567,24 @@ def test_a_rank_back_on_a_node_it_left_does_not_book_the_time_it_was_away() -> N
         rep(s + 2, 1, first=s + 2, last=s + 2, incarnation="c3", started=s, predecessor=was),
     )
     assert out["restart"] == pytest.approx(10 + 2)
-    assert ledger.view().high_step == 901 and ledger.view().moves == 1
+    # the store counts this restart here already (a new incarnation of a rank it knows): not moved in
+    assert ledger.view().high_step == 901 and ledger.view().moves == 0
+
+
+@pytest.mark.parametrize(("ago", "followed"), [(-4.0, True), (-30.0, False), (3000.0, True), (7200.0, False)])
+def test_only_a_recent_predecessor_is_followed(ago: float, followed: bool) -> None:
+    """A predecessor whose last step is over an hour before this process (a stale state file, a run of
+    days ago), or well after its start (not an earlier process), is no restart of this rank; a few seconds
+    of another node's clock skew are allowed. The report is accepted either way."""
+    s = T0 + 8000
+    was = {"incarnation": "a1", "step": 41, "last_step": s - ago}
+    ledger = Ledger()
+    out = feed(
+        ledger,
+        rep(s + 1, 0, incarnation="b2", started=s, predecessor=was),
+        rep(s + 2, 1, first=s + 2, last=s + 2, incarnation="b2", started=s, predecessor=was),
+    )
+    assert ledger.view().moves == (1 if followed else 0)
+    assert ("restart" in out) is followed and ("startup" in out) is not followed
+    if followed:
+        assert out["restart"] == pytest.approx(max(0.0, ago) + 2)

@@ -45,7 +45,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from gpumon.client.protocol import BUCKETS
+from gpumon.client.protocol import BUCKETS, MAX_RESTART_GAP
 from gpumon.jobs.report import Report
 
 CAUSES = (
@@ -68,6 +68,9 @@ MEAN_SECONDS = 60.0  # the time constant of the recent mean step time
 SEEN_FROM_START = 3
 # before a process has a mean step time (its second step), only a gap this long is a stall
 STALL_UNKNOWN = 60.0
+CLOCK_SKEW = (
+    5.0  # seconds a predecessor's last step may lie after its successor's start (another node's clock)
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,7 +216,7 @@ class Ledger:
         self._claimed = (0.0, 0.0)
         self._mean = None
         p = r.predecessor
-        if p is not None and p.incarnation != known and r.seq < SEEN_FROM_START:
+        if p is not None and p.incarnation != known and r.seq < SEEN_FROM_START and _recent(r, p.last_step):
             self._follow(r, p.step, p.last_step, first)
             return False
         self._base = self._high if r.resumed_step is None else float(r.resumed_step)
@@ -248,8 +251,10 @@ class Ledger:
         self._pending = 0.0
         self._stalled = False
         self._follows = True
-        self.moves += 1
         if first or self._to is None:
+            # the rank's restart counter here starts with this process; a node that saw an earlier one of
+            # the rank counts this restart already (a new incarnation), so it is not counted twice
+            self.moves += 1
             self.since = last_step
         gap = max(0.0, start - max(last_step, self._to if self._to is not None else last_step))
         self._add("restart", gap)
@@ -405,6 +410,14 @@ class Ledger:
             self.goodput += seconds
         else:
             self.badput[cause] += seconds
+
+
+def _recent(r: Report, last_step: float) -> bool:
+    """A predecessor this process can follow: its last step before this process started (a few seconds of
+    clock skew between nodes allowed) and within MAX_RESTART_GAP, as long as a gone rank's ledger is kept
+    on one node. An older one (a stale state file, a run from days ago) is not this rank's restart."""
+    start = min(r.process_started or r.started, r.started)
+    return start - MAX_RESTART_GAP <= last_step <= start + CLOCK_SKEW
 
 
 def _histogram(r: Report) -> tuple[tuple[float, ...], float]:
