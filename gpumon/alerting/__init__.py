@@ -1,10 +1,12 @@
-"""gpumon's Prometheus rules as data: load them, shorten their timers for tests, render the PrometheusRule.
+"""gpumon's Prometheus rules as data: load them, shorten their timers for tests, render the PrometheusRule and
+the vmalert variant.
 
 The hand-written files in ``alerts/`` are the source of truth. This package reads them and renders
 ``deploy/kubernetes/base/prometheusrule.yaml`` (``python -m gpumon.alerting``; ``--check`` fails on drift),
-so the Kubernetes copy can never be edited apart from them. It is a development and operations tool for a
-checkout of the repository: the daemon never imports it, and PyYAML is imported only when a function here
-needs it.
+so the Kubernetes copy can never be edited apart from them, and on demand a copy for vmalert with
+VictoriaMetrics (``python -m gpumon.alerting --vmalert DIR``, :mod:`gpumon.alerting.victoria`). It is a
+development and operations tool for a checkout of the repository: the daemon never imports it, and PyYAML is
+imported only when a function here needs it.
 """
 
 from __future__ import annotations
@@ -12,6 +14,9 @@ from __future__ import annotations
 import copy
 from pathlib import Path
 from typing import Any, overload
+
+from gpumon.alerting import victoria
+from gpumon.alerting.victoria import TranslationError, translate_expr, vmalert_groups
 
 ROOT = Path(__file__).resolve().parents[2]
 ALERTS_DIR = ROOT / "alerts"
@@ -154,12 +159,40 @@ def render_prometheus_rule(groups: list[Group] | None = None) -> str:
     return _HEADER + dump(prometheus_rule(groups))
 
 
+def render_vmalert(paths: tuple[Path, ...] | list[Path] = RULE_FILES) -> dict[str, str]:
+    """The vmalert variant (gpumon.alerting.victoria) of each rule file in ``paths``, by file name: the text
+    to write."""
+    out: dict[str, str] = {}
+    for path in paths:
+        groups = load_rules([path])
+        try:
+            variant = vmalert_groups(groups)
+        except TranslationError as exc:
+            raise AlertingError(f"{path}: {exc}") from exc
+        out[Path(path).name] = victoria.header(Path(path).name, groups) + dump({"groups": variant})
+    return out
+
+
+def write_vmalert(directory: Path, paths: tuple[Path, ...] | list[Path] = RULE_FILES) -> list[Path]:
+    """Write :func:`render_vmalert`'s files into ``directory`` (created if need be); their paths."""
+    directory.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, text in render_vmalert(paths).items():
+        target = directory / name
+        tmp = target.with_name(name + ".tmp")
+        tmp.write_text(text)
+        tmp.replace(target)  # atomic: a vmalert reloading on SIGHUP never reads half a file
+        written.append(target)
+    return written
+
+
 __all__ = [
     "ALERTS_DIR",
     "PROMETHEUS_RULE",
     "RULE_FILES",
     "RUNBOOK_BASE",
     "AlertingError",
+    "TranslationError",
     "alert_rules",
     "all_rules",
     "dump",
@@ -167,5 +200,9 @@ __all__ = [
     "prometheus_rule",
     "recording_names",
     "render_prometheus_rule",
+    "render_vmalert",
+    "translate_expr",
+    "vmalert_groups",
     "with_short_for",
+    "write_vmalert",
 ]

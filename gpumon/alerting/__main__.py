@@ -1,5 +1,8 @@
 """``python -m gpumon.alerting [--check]``: write deploy/kubernetes/base/prometheusrule.yaml from alerts/, or
-(with --check) exit 1 when the committed copy differs from what the rule files render."""
+(with --check) exit 1 when the committed copy differs from what the rule files render.
+
+``python -m gpumon.alerting --vmalert DIR``: write the vmalert variant of both rule files into DIR instead
+(gpumon.alerting.victoria)."""
 
 from __future__ import annotations
 
@@ -7,7 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from gpumon.alerting import PROMETHEUS_RULE, AlertingError, render_prometheus_rule
+from gpumon.alerting import PROMETHEUS_RULE, AlertingError, render_prometheus_rule, write_vmalert
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -19,7 +22,24 @@ def main(argv: list[str] | None = None) -> int:
         "--check", action="store_true", help="do not write; exit 1 if the file is not up to date"
     )
     parser.add_argument("--output", type=Path, default=PROMETHEUS_RULE, help="default: %(default)s")
+    parser.add_argument(
+        "--vmalert",
+        type=Path,
+        metavar="DIR",
+        help="instead, write the rule files for vmalert with VictoriaMetrics (MetricsQL) into DIR",
+    )
     args = parser.parse_args(argv)
+    if args.vmalert is not None:
+        if args.check:
+            parser.error("--check compares the PrometheusRule; the vmalert files are not committed")
+        try:
+            written = write_vmalert(args.vmalert)
+        except (AlertingError, OSError) as exc:
+            print(f"gpumon.alerting: {exc}", file=sys.stderr)
+            return 1
+        for path in written:
+            print(f"wrote {path}")
+        return 0
     try:
         text = render_prometheus_rule()
     except AlertingError as exc:

@@ -147,8 +147,15 @@ class Prometheus:
         self.process = process
         self.client = httpx.Client(base_url=process.url, timeout=15)
 
-    def query(self, expr: str) -> list[dict[str, Any]]:
-        r = self.client.get("/api/v1/query", params={"query": expr})
+    def query(self, expr: str, at: float | None = None) -> list[dict[str, Any]]:
+        """The instant query's result at ``at`` (Unix seconds; default: now)."""
+        return self._query(expr, at, {})
+
+    def _query(self, expr: str, at: float | None, extra: dict[str, str]) -> list[dict[str, Any]]:
+        params = {"query": expr, **extra}
+        if at is not None:
+            params["time"] = f"{at:.3f}"
+        r = self.client.get("/api/v1/query", params=params)
         body = r.json()
         if body.get("status") != "success":
             raise AssertionError(f"query failed: {expr}\n{body.get('error')}")
