@@ -75,6 +75,13 @@ class RankResult:
     # of its report intervals, at least SILENT_FLOOR seconds). Its counters and ledger stay until --rank-ttl.
     gone: str | None = None
 
+    @property
+    def counts(self) -> bool:
+        """It adds to its job's GPUs, throughput and MFU: not gone, and past its first step. A rank still
+        loading (a restart landing on another node, a checkpoint being read) would add idle GPUs and their
+        peak to a job whose other ranks step, and sag its per-GPU throughput and MFU until it steps."""
+        return self.gone is None and self.view.report.anchor_time is not None
+
 
 @dataclass(frozen=True, slots=True)
 class JobResult:
@@ -302,9 +309,10 @@ class Analysis:
     def _job(self, job: str, ranks: list[RankResult], now: float) -> JobResult:
         scores = straggler_scores(_costs(ranks))
         ranks = [dataclasses.replace(r, straggler=s) for r, s in zip(ranks, scores, strict=True)]
-        # throughput and MFU of the ranks still running: a rank that finished, died or moved to another node
-        # must not sag the job's MFU with its idle GPU; a job none of whose ranks runs keeps its last figures
-        counted = [r for r in ranks if r.gone is None] or ranks
+        # throughput and MFU of the ranks running: a rank that finished, died or moved to another node, or
+        # one not yet stepping, must not sag the job's MFU with its idle GPU; a job none of whose ranks runs
+        # keeps its last figures
+        counted = [r for r in ranks if r.counts] or ranks
         rates = [r.rates.tokens_per_second for r in counted]
         known = [x for x in rates if x is not None]
         flops = [r.flops for r in counted]

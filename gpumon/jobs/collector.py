@@ -162,7 +162,8 @@ def _add_rank(f: dict[str, Any], r: RankResult, carry: CarryGate) -> None:
         ],
         1,
     )
-    for u in r.gpus if r.gone is None else ():  # a rank gone holds no GPU: the job's GPU count drops it
+    # a rank gone holds no GPU, one loading none yet that steps: the job's GPU count leaves them out
+    for u in r.gpus if r.counts else ():
         w = u.window
         f[M.RANK_GPU_INFO.name].add_metric([*rl, str(w.index), w.uuid, w.mig_uuid or "", u.via], 1)
     f[M.LAST_REPORT.name].add_metric(rl, rep.time)
@@ -183,7 +184,7 @@ def _add_rank(f: dict[str, Any], r: RankResult, carry: CarryGate) -> None:
         )
     for phase, seconds in r.view.phases().items():
         f[M.PHASE_SECONDS.name].add_metric([*rl, phase], seconds)
-    if r.gone is None:  # a rank gone has no rates: the job's rules add up the ranks still running
+    if r.counts:  # a rank gone, or loading, has no rates: the job's rules add up the ranks that step
         _add_rates(f, rl, r)
     for b in BOTTLENECKS:
         f[M.BOTTLENECK.name].add_metric([*rl, b], 1 if r.verdict.bottleneck == b else 0)

@@ -418,3 +418,24 @@ def test_a_restart_carried_from_another_node_reaches_metrics_once_its_series_exi
     assert first == second == (pytest.approx(booked - ledger.carried), 0)
     assert third == (pytest.approx(booked), 1)
     assert job_json(Analysis(s, sampler.sweep).jobs(now)[0], 60.0)["goodput"]["restarts"] == 1
+
+
+def test_a_rank_still_loading_adds_no_gpu_or_peak_to_a_stepping_job(gpu) -> None:
+    """Rank 1 restarted (on this node, say) and loads its checkpoint while rank 0 steps: until its first step
+    it exports no GPU and no rates, so the job's per-GPU throughput and MFU rules do not sag (the fleet test
+    saw both baseline alerts go pending for the seconds between a restart's first report and first step)."""
+    _, sampler = gpu
+    now = time.time()
+    s = store()
+    ingest_rank(s, "mixed", pid=os.getpid(), rank=0, world_size=2, end=now)
+    s.ingest(
+        parse(report(0, job="mixed", rank=1, world_size=2, pid=os.getppid(), seq=0, started=now - 3)), now
+    )
+    (job,) = Analysis(s, sampler.sweep).jobs(now)
+    loading = next(r for r in job.ranks if r.view.report.rank == 1)
+    assert loading.gone is None and not loading.counts
+    f = _families(TrainingCollector(Analysis(s, sampler.sweep), IngestStats()), now)
+    assert {x.labels["rank"] for x in f["gpumon_training_rank_gpu_info"]} == {"0"}
+    assert {x.labels["rank"] for x in f["gpumon_training_peak_flops_per_second"]} == {"0"}
+    assert {x.labels["rank"] for x in f["gpumon_training_rank_info"]} == {"0", "1"}  # it is listed
+    assert job.mfu == pytest.approx(next(r for r in job.ranks if r.view.report.rank == 0).mfu)
