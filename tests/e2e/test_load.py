@@ -96,7 +96,7 @@ def test_each_rank_exports_the_totals_of_its_last_accepted_report(loaded: Loaded
     assert sorted(last) == [str(r) for r in range(RANKS)], "every rank got reports through"
     for rank, steps in last.items():
         assert value(loaded.after, "gpumon_training_steps_total", job_name="load", rank=rank) == steps
-    assert value(loaded.after, "gpumon_training_job_ranks", job_name="load") == RANKS
+    assert value(loaded.after, "gpumon_training_job_ranks", job_name="load", ranks=f"0-{RANKS - 1}") == RANKS
 
 
 def test_the_sampler_keeps_sweeping_so_scrapes_serve_a_fresh_sample(loaded: Loaded) -> None:

@@ -507,6 +507,12 @@ def _checks(groups: list[dict[str, Any]]) -> list[Check]:
             absolute = SCRAPE_INTERVAL
         elif "straggler_score" in expr:
             absolute = 0.05
+        elif "badput" in expr or "goodput" in expr:
+            # the late job's ledger series are born with its start-up seconds at their first report: whether
+            # the first sample lies inside the 5-minute window (Prometheus's closed start) or not (MetricsQL's
+            # open one) moves its start-up rate by its share of the window, a few thousandths of a second per
+            # second (seen: 0.0007 against 0)
+            absolute = 0.01
         # JOB's history holds the regression, so a median or mean over it lands anywhere between the two
         # levels depending on where the history starts, which differs by vmalert's start-up: compared on the
         # steady jobs only
