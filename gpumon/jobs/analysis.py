@@ -143,11 +143,10 @@ class Analysis:
             (v.report.job, v.report.rank): resolve(v.report.devices, v.report.pid, snap) for v in views
         }
         here: dict[str, set[int]] = {}  # each job's ranks on this node
-        for v in views:
-            here.setdefault(v.report.job, set()).add(v.report.rank)
         sharers: dict[str, int] = {}
         jobs_on: dict[str, dict[str, set[int]]] = {}  # per GPU, each job's pids on it
         for v in views:
+            here.setdefault(v.report.job, set()).add(v.report.rank)
             for f in resolved[(v.report.job, v.report.rank)]:
                 sharers[f.key] = sharers.get(f.key, 0) + 1
                 jobs_on.setdefault(f.key, {}).setdefault(v.report.job, set()).add(v.report.pid)

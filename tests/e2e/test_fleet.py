@@ -196,7 +196,7 @@ def run(tmp_path_factory) -> Iterator[Run]:
         targets = [n.url.removeprefix("http://") for n in nodes]
         (work / "prometheus.yml").write_text(yaml.safe_dump(prometheus_config(targets, rules)))
         prom = start_prometheus(work / "prometheus.yml", work)
-        api = PromApi(prom.url)
+        api = PromApi(prom)
         r = Run(nodes, api, job, work, time.time(), rules=defined_rules())
         _scenario(r, library)
         r.figures["runtime_s"] = round(time.monotonic() - began, 1)

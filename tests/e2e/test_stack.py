@@ -33,7 +33,7 @@ from typing import Any
 import pytest
 import yaml
 from support.helpers import IN_CI, ROOT, Daemon, free_port, require_tool, run_gpumon, start_daemon
-from support.stack import Prometheus, Webhook, alertmanager_binary, start, start_prometheus
+from support.stack import Prometheus, Webhook, alertmanager_binary, shortened_rules, start, start_prometheus
 from support.victoria import (
     VictoriaMetrics,
     Vmalert,
@@ -221,15 +221,7 @@ def stack(tmp_path_factory) -> Iterator[dict[str, Any]]:
         )
         started.append(am)
         rules, vm_rules = [], []
-        for name in ("recording.rules.yml", "alerting.rules.yml"):
-            text = alerting.with_short_for((ROOT / "alerts" / name).read_text(), SHORT)
-            doc = yaml.safe_load(text)
-            for group in doc["groups"]:  # slow groups (a 7-day median every 5m) evaluate every second too
-                if "interval" in group:
-                    group["interval"] = "1s"
-                for rule in group["rules"]:
-                    if rule.get("alert") == "GpumonExporterAbsent":
-                        rule["for"] = ABSENT_FOR
+        for name, doc in shortened_rules(SHORT, {"GpumonExporterAbsent": ABSENT_FOR}):
             (work / name).write_text(yaml.safe_dump(doc, sort_keys=False))
             rules.append(str(work / name))
             # the same shortened rules, as `python -m gpumon.alerting --vmalert` renders them for vmalert

@@ -19,11 +19,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
 import yaml
 
 from gpumon import alerting
 from support.helpers import ROOT, Daemon, start_daemon
+from support.stack import Prometheus, shortened_rules
 
 SYNC_RANKS = ROOT / "tests" / "support" / "sync_ranks.py"
 # seconds: every for:/keep_firing_for: of the shipped rules, as test_stack.py shortens them (two scrapes and
@@ -64,17 +64,9 @@ def start_nodes(count: int, library: Path, work: Path) -> list[Daemon]:
 
 def write_rules(work: Path) -> list[str]:
     """The shipped rule files with their timers shortened as test_stack.py shortens them."""
+    fors = {"GpumonExporterAbsent": ABSENT_FOR, "GpumonTrainingCommunicationBound": COMMUNICATION_FOR}
     paths = []
-    for name in ("recording.rules.yml", "alerting.rules.yml"):
-        doc = yaml.safe_load(alerting.with_short_for((ROOT / "alerts" / name).read_text(), SHORT))
-        for group in doc["groups"]:  # slow groups (a 7-day median every 5m) evaluate every second too
-            if "interval" in group:
-                group["interval"] = "1s"
-            for rule in group["rules"]:
-                if rule.get("alert") == "GpumonExporterAbsent":
-                    rule["for"] = ABSENT_FOR
-                if rule.get("alert") == "GpumonTrainingCommunicationBound":
-                    rule["for"] = COMMUNICATION_FOR
+    for name, doc in shortened_rules(SHORT, fors):
         (work / name).write_text(yaml.safe_dump(doc, sort_keys=False, allow_unicode=True))
         paths.append(str(work / name))
     return paths
@@ -94,22 +86,9 @@ def defined_rules() -> set[str]:
     return set(alerting.recording_names(groups)) | {r["alert"] for r in alerting.alert_rules(groups)}
 
 
-class PromApi:
-    """The few Prometheus HTTP API calls the fleet test makes (instant queries, optionally at a past time,
-    and the active alerts with their annotations)."""
-
-    def __init__(self, url: str) -> None:
-        self.client = httpx.Client(base_url=url, timeout=15)
-
-    def query(self, expr: str, at: float | None = None) -> list[dict[str, Any]]:
-        params = {"query": expr}
-        if at is not None:
-            params["time"] = f"{at:.3f}"
-        body = self.client.get("/api/v1/query", params=params).json()
-        if body.get("status") != "success":
-            raise AssertionError(f"query failed: {expr}\n{body.get('error')}")
-        result = body["data"]["result"]
-        return result if isinstance(result, list) else [result]
+class PromApi(Prometheus):
+    """The stack test's Prometheus client, plus what the fleet test reads: one value, the samples a range
+    held, and the active alerts with their annotations."""
 
     def scalar(self, expr: str, at: float | None = None) -> float | None:
         """The one value of ``expr``, or None when it has none (several series are an error)."""
@@ -117,20 +96,11 @@ class PromApi:
         assert len(found) <= 1, f"{expr}: {len(found)} series where one was expected: {found}"
         return float(found[0]["value"][1]) if found else None
 
-    def samples(self, selector: str, start: float, end: float) -> list[tuple[dict[str, str], list[float]]]:
-        """Every raw sample of the series ``selector`` names between start and end (wall clock): the series
-        that ended in between too, which an instant query at ``end`` would not show."""
-        seconds = max(1, int(end - start + 1))
-        out = []
-        for series in self.query(f"{selector}[{seconds}s]", at=end):
-            times = [float(t) for t, _ in series["values"] if float(t) >= start]
-            if times:
-                out.append((series["metric"], times))
-        return out
-
     def values(
         self, selector: str, start: float, end: float
     ) -> list[tuple[dict[str, str], list[tuple[float, float]]]]:
+        """Every raw sample (time, value) of the series ``selector`` names between start and end (wall
+        clock): the series that ended in between too, which an instant query at ``end`` would not show."""
         seconds = max(1, int(end - start + 1))
         out = []
         for series in self.query(f"{selector}[{seconds}s]", at=end):
@@ -139,21 +109,13 @@ class PromApi:
                 out.append((series["metric"], points))
         return out
 
+    def samples(self, selector: str, start: float, end: float) -> list[tuple[dict[str, str], list[float]]]:
+        """The times of those samples."""
+        return [(metric, [t for t, _ in points]) for metric, points in self.values(selector, start, end)]
+
     def alerts(self) -> list[dict[str, Any]]:
         """Active alerts (pending and firing) with their labels and rendered annotations."""
         return list(self.client.get("/api/v1/alerts").json()["data"]["alerts"])
-
-    def rule_health(self) -> list[str]:
-        groups = self.client.get("/api/v1/rules").json()["data"]["groups"]
-        return [
-            f"{r['name']}: {r.get('lastError')}"
-            for g in groups
-            for r in g["rules"]
-            if r.get("health") == "err"
-        ]
-
-    def close(self) -> None:
-        self.client.close()
 
 
 class Barrier:

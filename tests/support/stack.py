@@ -11,15 +11,17 @@ import shutil
 import subprocess
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import httpx
+import yaml
 
-from support.helpers import free_port, require_tool
+from gpumon import alerting
+from support.helpers import ROOT, free_port, require_tool
 
 ALERTMANAGER_BINARIES = ("prometheus-alertmanager", "alertmanager")
 
@@ -140,6 +142,26 @@ class Webhook:
             time.sleep(0.5)
         seen = sorted({(a["labels"].get("alertname"), a["status"]) for a in self.alerts()})
         raise AssertionError(f"no {what} within {timeout:.0f} s; the webhook saw {seen}")
+
+
+RULE_FILES = ("recording.rules.yml", "alerting.rules.yml")
+
+
+def shortened_rules(seconds: float, fors: Mapping[str, str]) -> list[tuple[str, dict[str, Any]]]:
+    """The shipped rule files as (file name, document) with every for:/keep_firing_for: set to ``seconds``
+    (gpumon.alerting.with_short_for), slow groups evaluated every second too, and the alerts in ``fors``
+    given their own for: instead."""
+    out = []
+    for name in RULE_FILES:
+        doc = yaml.safe_load(alerting.with_short_for((ROOT / "alerts" / name).read_text(), seconds))
+        for group in doc["groups"]:  # slow groups (a 7-day median every 5m) evaluate every second too
+            if "interval" in group:
+                group["interval"] = "1s"
+            for rule in group["rules"]:
+                if rule.get("alert") in fors:
+                    rule["for"] = fors[rule["alert"]]
+        out.append((name, doc))
+    return out
 
 
 class Prometheus:

@@ -124,17 +124,14 @@ def diagnose(s: Signals, t: Thresholds, settle: Callable[[str], str] | None = No
     if s.finished:
         findings.append("finished")
     evidence = tuple(dict.fromkeys(ev[k] for k in (*used, *ev) if k in ev))
-    line = summary(
-        "communication_wait" if verdict == "communication" and waits_on_peers(s, t) else verdict, s
-    )
+    waiting = verdict == "communication" and waits_on_peers(s, t)
+    line = summary("communication_wait" if waiting else verdict, s)
     if held is not None:
         # the figures are this window's, and may no longer meet the verdict held: say so, not a contradiction
         line = f"{verdict} (held while a change settles; this window reads {held}): {line}"
     if s.finished and verdict != "gpu_down":
         line = f"finished; over its last window {line}"
-    advice = ADVICE[verdict]
-    if verdict == "communication" and waits_on_peers(s, t):
-        advice = WAIT_ADVICE
+    advice = WAIT_ADVICE if waiting else ADVICE[verdict]
     if verdict in ("stalled", "idle") and s.open_phase is not None:
         advice = OPEN_ADVICE.get(s.open_phase[0], advice)
     return Verdict(verdict, line, advice, evidence, tuple(findings), tuple(notes))
