@@ -28,7 +28,7 @@ from gpumon.jobs.gpus import Found, GpuHistory, GpuWindow, mean, resolve
 from gpumon.jobs.memoryview import rank_estimate
 from gpumon.jobs.report import Report
 from gpumon.jobs.store import JobStore, RankView
-from gpumon.jobs.window import Rates, measure
+from gpumon.jobs.window import SIDE_PHASES, Rates, measure
 
 log = logging.getLogger(__name__)
 # "3g.40gb": a GPU instance of 3 slices; "1c.3g.71gb": a compute instance of 1 slice inside one
@@ -470,20 +470,15 @@ def _worst_setup(sig: list[Signals]) -> dict[str, float | None]:
     }
 
 
-# phases that slower clocks do not lengthen, or whose number in a window varies (a checkpoint every N
-# steps): the reference speed leaves them out, or one window holding an extra checkpoint reads as throttling
-SIDE_PHASES = ("data_wait", "communication", "checkpoint", "evaluation")
-
-
 def _side_share(rates: Rates) -> float:
     return min(0.95, sum(rates.phase_ratios.get(p, 0.0) for p in SIDE_PHASES))
 
 
 def busy_cost(rates: Rates) -> float | None:
     """Busy seconds per step, else per token: what throttling would raise."""
+    if rates.busy_step_seconds is not None:
+        return rates.busy_step_seconds
     busy = 1.0 - _side_share(rates)
-    if rates.step_time_seconds is not None:
-        return rates.step_time_seconds * busy
     return busy / rates.tokens_per_second if rates.tokens_per_second else None
 
 

@@ -52,10 +52,12 @@ class Point(NamedTuple):
     requests: float
     step_sum: float
     step_count: float
-    phases: Mapping[str, float]
+    phases: Mapping[str, float]  # running phases included, as far as they have run
     # the allocator's cumulative counters (None: not reported), for retries and OOMs within the window
     alloc_retries: float | None = None
     ooms: float | None = None
+    # the running phases' part of ``phases``: a step's busy time pairs the step sum with closed phases only
+    running: Mapping[str, float] = {}
 
 
 class LimitExceeded(Exception):
@@ -198,6 +200,7 @@ def _point(r: Report) -> Point:
         _with_open(r.phases, r.open_phases),
         None if m is None else m.alloc_retries,
         None if m is None else m.ooms,
+        r.open_phases,
     )
 
 

@@ -22,6 +22,11 @@ from gpumon.jobs.store import Point, RankView
 
 STALL_STEPS = 4.0
 STALL_FLOOR = 10.0
+# phases that slower clocks do not lengthen, or whose number in a window varies (a checkpoint every N
+# steps, an evaluation every M): a step's busy time leaves them out, or one window holding an extra
+# evaluation reads as throttling
+SIDE_PHASES = ("data_wait", "communication", "checkpoint", "evaluation")
+MIN_BUSY = 0.05  # of the step: a loop reporting nearly all its time in side phases is still busy a little
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +55,8 @@ class Rates:
     requests_per_second: float | None = None
     step_time_seconds: float | None = None
     phase_ratios: dict[str, float] = field(default_factory=dict)
+    # the mean step less its side phases, both counted over the steps completed in the window
+    busy_step_seconds: float | None = None
     # the allocator's retries and OOMs within the window; None when the rank does not report them
     alloc_retries: float | None = None
     ooms: float | None = None
@@ -62,7 +69,7 @@ def measure(view: RankView, now: float, window: float) -> Rates:
     horizon = clock - window
     progress = [p for p in ((view.anchor,) if view.anchor else ()) + view.points if p.updated is not None]
     span = _span(progress, horizon)
-    step_time, ratios = _phases(view.points, horizon)
+    step_time, busy, ratios = _phases(view.points, horizon)
     # a rank first seen mid-run (a daemon restart, a revival): its counts so far are not the window's
     retries, ooms = _allocator(view.points, horizon, view.report.seq < SEEN_FROM_START)
     last = max((p.updated or 0.0 for p in progress), default=None)
@@ -75,12 +82,13 @@ def measure(view: RankView, now: float, window: float) -> Rates:
             None,
             step_time_seconds=step_time,
             phase_ratios=ratios,
+            busy_step_seconds=busy,
             alloc_retries=retries,
             ooms=ooms,
             finished=final,
         )
     if not progressing:
-        return Rates(False, span, 0.0, 0.0, 0.0, 0.0, step_time, ratios, retries, ooms, final)
+        return Rates(False, span, 0.0, 0.0, 0.0, 0.0, step_time, ratios, busy, retries, ooms, final)
     s = span.seconds
     return Rates(
         True,
@@ -91,6 +99,7 @@ def measure(view: RankView, now: float, window: float) -> Rates:
         span.requests / s,
         step_time,
         ratios,
+        busy,
         retries,
         ooms,
         final,
@@ -142,20 +151,49 @@ def _span(progress: Sequence[Point], horizon: float) -> Span | None:
     )
 
 
-def _phases(points: Sequence[Point], horizon: float) -> tuple[float | None, dict[str, float]]:
-    """Mean step time and each phase's share of wall time, between report points in the window."""
+def _phases(points: Sequence[Point], horizon: float) -> tuple[float | None, float | None, dict[str, float]]:
+    """Mean step time, mean busy time per step and each phase's share of wall time, between report points
+    in the window."""
     if len(points) < 2:
-        return None, {}
+        return None, None, {}
     newest = points[-1]
-    inside = [p for p in points[:-1] if p.reported >= horizon]
-    base = inside[0] if inside else points[-2]
+    at = next((i for i, p in enumerate(points[:-1]) if p.reported >= horizon), len(points) - 2)
+    base = points[at]
     elapsed = newest.reported - base.reported
     steps = newest.step_count - base.step_count
     step_time = (newest.step_sum - base.step_sum) / steps if steps > 0 else None
+    busy = _busy(points, at)
     if elapsed <= 0:
-        return step_time, {}
+        return step_time, busy, {}
     ratios = {
         name: min(1.0, max(0.0, (seconds - base.phases.get(name, 0.0)) / elapsed))
         for name, seconds in newest.phases.items()
     }
-    return step_time, ratios
+    return step_time, busy, ratios
+
+
+def _busy(points: Sequence[Point], at: int) -> float | None:
+    """Mean busy seconds per step between the first report after a step at or past ``at`` and the first
+    report of the newest step. The step sum holds completed steps only, so the side seconds beside it must
+    be those of phases closed by each end's last step: an evaluation under way, or one that ended while
+    its step has not, counts in neither, and the window's count of evaluations (seconds long each) cannot
+    move the busy time. A phase that closed between a step and the next report still counts: at most one
+    step's side time at each end."""
+    end = len(points) - 1
+    while end > at and points[end - 1].step_count == points[end].step_count:
+        end -= 1
+    start = at
+    while start < end and (start == 0 or points[start - 1].step_count == points[start].step_count):
+        start += 1
+    if start >= end:  # no step between two aligned reports: the window's ends as they are
+        start, end = at, len(points) - 1
+    a, b = points[start], points[end]
+    steps = b.step_count - a.step_count
+    if steps <= 0:
+        return None
+    step_sum = b.step_sum - a.step_sum
+    return max(MIN_BUSY * step_sum, step_sum - (_side(b) - _side(a))) / steps
+
+
+def _side(p: Point) -> float:
+    return sum(p.phases.get(n, 0.0) - p.running.get(n, 0.0) for n in SIDE_PHASES)

@@ -89,14 +89,18 @@ def test_scoring_requires_findings_and_counts_a_missing_job_as_wrong() -> None:
     assert r.time_to_right == 0.0 and r.accuracy is None  # nothing after the 30 s settle
 
 
-def test_a_busy_verdict_on_an_idle_gpu_is_a_violation() -> None:
+def test_a_busy_verdict_on_a_gpu_idle_for_a_poll_interval_is_a_violation() -> None:
     s = Scenario("s", "", (Expect("j", "exited", no_busy_claim=True),), onset=0.0, settle=0.0)
     entry = _job("stalled")
     entry["detail"]["ranks"] = [
         {"rank": 0, "gpus": [{"index": 3}], "diagnosis": entry["detail"]["diagnosis"]}
     ]
     idle = {3: {"reading": {"utilization_ratio": 0.0}}}
-    r = scenarios.score(s, [Poll(0.0, {"j": entry}, idle)], end=0.0)
+    busy = {3: {"reading": {"utilization_ratio": 0.9}}}
+    # the GPU went idle between the verdict and the GPU list: no claim against it yet
+    r = scenarios.score(s, [Poll(0.0, {"j": entry}, busy), Poll(2.0, {"j": entry}, idle)], end=2.0)
+    assert r.violations == []
+    r = scenarios.score(s, [Poll(0.0, {"j": entry}, idle), Poll(2.0, {"j": entry}, idle)], end=2.0)
     assert len(r.violations) == 1 and not r.passed
 
 

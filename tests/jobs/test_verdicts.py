@@ -17,13 +17,12 @@ from gpumon.client.model import preset
 from gpumon.client.process.start import process_start_time
 from gpumon.client.protocol import MODEL_FIELDS
 from gpumon.gpu.sim.device import SimProcess
-from gpumon.jobs.analysis import SETTLED_POINTS, Analysis, busy_cost
+from gpumon.jobs.analysis import SETTLED_POINTS, Analysis
 from gpumon.jobs.collector import IngestStats, TrainingCollector
 from gpumon.jobs.diagnosis.state import REFERENCE_EVERY, SpeedReference, VerdictHold
 from gpumon.jobs.jobjson import job_json
 from gpumon.jobs.report import parse
 from gpumon.jobs.store import JobStore
-from gpumon.jobs.window import Rates
 
 
 @pytest.fixture
@@ -214,22 +213,6 @@ def test_the_reference_speed_is_the_unthrottled_median() -> None:
     assert ref.slowdown("k", 1.3, False, later + REFERENCE_EVERY)[0] == pytest.approx(0.3)
     assert ref.slowdown("k", 0.7, True, later, baseline=(1.0, 0.8)) == (pytest.approx(0.25), "baseline")
     assert ref.slowdown("new", 1.0, False, later) == (None, None)
-
-
-def test_a_checkpoint_more_in_the_window_is_not_a_slowdown() -> None:
-    """A 3 s checkpoint every 20 steps of 0.5 s: a window with one more checkpoint has 30 % longer steps on
-    average; its busy time per step is what throttling would lengthen, and that has not moved."""
-    without = Rates(True, None, step_time_seconds=0.5, phase_ratios={"data_wait": 0.1})
-    ratios = {"data_wait": 1 / 13, "checkpoint": 3 / 13}  # 1 s of data wait and 3 s of checkpoint in 13 s
-    with_one = Rates(True, None, step_time_seconds=13.0 / 20, phase_ratios=ratios)
-    assert busy_cost(without) == pytest.approx(0.45)
-    assert busy_cost(with_one) == pytest.approx(0.45)
-    ref = SpeedReference()
-    ref.slowdown("k", busy_cost(without), True, 0.0)
-    slow, against = ref.slowdown("k", busy_cost(with_one), False, REFERENCE_EVERY)
-    assert against == "recent" and slow == pytest.approx(0.0, abs=1e-9)
-    per_token = Rates(True, None, tokens_per_second=1000.0, phase_ratios={"checkpoint": 0.5})
-    assert busy_cost(per_token) == pytest.approx(0.0005)
 
 
 def test_a_verdict_changes_only_after_it_settles_and_facts_at_once() -> None:

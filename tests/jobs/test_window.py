@@ -92,3 +92,54 @@ def test_ages_are_measured_on_the_rank_s_clock_not_the_daemon_s() -> None:
     (v,) = s.views(r["time"] + 3601)
     rates = measure(v, now=r["time"] + 3601, window=60.0)
     assert rates.progressing and rates.tokens_per_second == pytest.approx(99_000 / 9.9)
+
+
+def _loop_reports(seconds: float, busy: float = 0.5) -> list[dict]:
+    """A loop of ``busy`` s steps with a 0.1 s data wait each, a 3 s checkpoint after every 20th step and an
+    8 s evaluation after every 30th (both between two step() calls, so the next step's time holds them),
+    reported every second with its closed and running phases, as the SDK sends them."""
+    events: list[tuple[float, float, str]] = []  # (start, end, phase or "step")
+    t, n = T0, 0
+    while t < T0 + seconds:
+        events.append((t, t + 0.1, "data_wait"))
+        t += 0.1 + busy
+        n += 1
+        events.append((t, t, "step"))
+        for every, name, length in ((20, "checkpoint", 3.0), (30, "evaluation", 8.0)):
+            if n % every == 0:
+                events.append((t, t + length, name))
+                t += length
+    out = []
+    for k in range(1, int(seconds)):
+        now = T0 + k
+        steps = [e for s, e, name in events if name == "step" and e <= now]
+        closed: dict[str, float] = {}
+        running: dict[str, float] = {}
+        for s, e, name in events:
+            if name != "step" and s < now:
+                into = closed if e <= now else running
+                into[name] = into.get(name, 0.0) + min(e, now) - s
+        r = report(len(steps), t=now, phases=closed, open_phases=running, seq=k)
+        r["updated"] = steps[-1]
+        r["anchor"]["time"] = steps[0]
+        r["step_seconds"]["sum"] = steps[-1] - steps[0]
+        out.append(r)
+    return out
+
+
+def test_busy_time_per_step_ignores_how_many_evaluations_and_checkpoints_the_window_holds() -> None:
+    """The step time swings with the number of 8 s evaluations in a 60 s window (two or three); busy time per
+    step, what slower clocks would lengthen, stays that of the loop's steps at every report."""
+    reports = _loop_reports(300.0)
+    s = JobStore(max_jobs=4, max_ranks=8, ttl=600.0, window=60.0)
+    busy, step = [], []
+    for r in reports:
+        s.ingest(parse(r), r["time"])
+        if r["time"] >= T0 + 70:
+            m = measure(s.views(r["time"])[0], now=r["time"], window=60.0)
+            assert m.busy_step_seconds is not None and m.step_time_seconds is not None
+            busy.append(m.busy_step_seconds)
+            step.append(m.step_time_seconds)
+    assert max(step) / min(step) > 1.1  # the swing the evaluations make in the step time
+    # at most one step's data wait (0.1 s) of error at each end, over ~75 steps
+    assert max(abs(b / 0.5 - 1.0) for b in busy) < 0.01

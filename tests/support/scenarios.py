@@ -348,9 +348,10 @@ def _rank_doc(entry: dict[str, Any], rank: int) -> dict[str, Any] | None:
     return None
 
 
-def observe(expect: Expect, poll: Poll) -> tuple[str, str, list[str], list[str]]:
-    """One expectation at one poll: its label, its bottleneck, what is wrong, and busy claims on an idle
-    GPU."""
+def observe(expect: Expect, poll: Poll, before: Poll | None = None) -> tuple[str, str, list[str], list[str]]:
+    """One expectation at one poll: its label, its bottleneck, what is wrong, and busy claims on a GPU that
+    read idle at this poll and the one ``before`` it (the verdict and the GPU list are two requests, and a
+    GPU that went idle between them is no wrong claim; one idle for a whole poll interval is)."""
     entry = poll.jobs.get(expect.job)
     if entry is None:
         return "absent", "absent", [f"{expect.job} absent"], []
@@ -397,9 +398,14 @@ def observe(expect: Expect, poll: Poll) -> tuple[str, str, list[str], list[str]]
         claims = bottleneck in ("stalled", "compute") or "busy" in summary.lower()
         for r in ranks:
             for g in r.get("gpus", []):
-                reading = (poll.gpus.get(g.get("index")) or {}).get("reading") or {}
-                util = reading.get("utilization_ratio")
-                if claims and util is not None and util < IDLE_UTILIZATION:
+                util = _utilization(poll, g.get("index"))
+                earlier = _utilization(before, g.get("index")) if before is not None else None
+                if (
+                    claims
+                    and util is not None
+                    and util < IDLE_UTILIZATION
+                    and (earlier is not None and earlier < IDLE_UTILIZATION)
+                ):
                     busy.append(
                         f"t={poll.t:.0f}: {bottleneck} ({summary!r}), GPU {g.get('index')} reads {util}"
                     )
@@ -407,6 +413,11 @@ def observe(expect: Expect, poll: Poll) -> tuple[str, str, list[str], list[str]]
             wrong.append(f"{who}: claims a busy GPU")
     # a change of a bottleneck nobody asked about (``bottleneck`` None) is no flap
     return label, "" if expect.bottleneck is None else str(bottleneck), wrong, busy
+
+
+def _utilization(poll: Poll, index: Any) -> float | None:
+    util = ((poll.gpus.get(index) or {}).get("reading") or {}).get("utilization_ratio")
+    return None if util is None else float(util)
 
 
 def _probe_holds(probe: Probe, poll: Poll) -> bool:
@@ -430,10 +441,10 @@ def score(s: Scenario, polls: Sequence[Poll], end: float) -> Result:
         onset = next((p.t for p in polls if jobs <= set(p.jobs)), end)
     until = end if s.until is None else min(end, onset + s.until)
     timeline = []
-    for p in polls:
+    for before, p in zip([None, *polls], polls, strict=False):
         labels, verdicts, why, busy = [], [], [], []
         for e in s.expect:
-            label, verdict, wrong, claims = observe(e, p)
+            label, verdict, wrong, claims = observe(e, p, before)
             labels.append(label)
             verdicts.append(verdict)
             why += wrong

@@ -25,7 +25,9 @@ BOTTLENECKS = (
 class Thresholds:
     """Documented in docs/training.md; each can be set with --threshold NAME=VALUE (or the config file)."""
 
-    idle_utilization: float = 0.05  # GPU busier than this while no step lands: stalled, not idle
+    # GPU busier than this while no step lands: stalled, not idle. Well above what a loop waiting for data
+    # reads (a few %: its copies and small kernels), or noise around it would hold the verdict between the two
+    idle_utilization: float = 0.10
     low_utilization: float = 0.70  # seed 002: below this the GPU waits on input or communication
     data_wait_share: float = 0.15  # share of wall time in data_wait that makes a job input-bound
     communication_share: float = 0.30  # share of wall time in communication that makes it network-bound
