@@ -163,10 +163,11 @@ def render_vmalert(paths: tuple[Path, ...] | list[Path] = RULE_FILES) -> dict[st
     """The vmalert variant (gpumon.alerting.victoria) of each rule file in ``paths``, by file name: the text
     to write."""
     out: dict[str, str] = {}
+    every = load_rules(paths)  # the alerting rules read the recording rules' series
     for path in paths:
         groups = load_rules([path])
         try:
-            variant = vmalert_groups(groups)
+            variant = vmalert_groups(groups, every)
         except TranslationError as exc:
             raise AlertingError(f"{path}: {exc}") from exc
         out[Path(path).name] = victoria.header(Path(path).name, groups) + dump({"groups": variant})

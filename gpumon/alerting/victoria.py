@@ -19,23 +19,28 @@ next to Prometheus on the same targets:
   then agree to rounding (tests/deploy/test_victoria.py), but for a sample exactly on the window's start,
   which Prometheus's window holds and MetricsQL's does not.
 
+- **recorded series read by other rules** are written out in place (gpumon.alerting.chains): vmalert reads
+  them back from VictoriaMetrics late, and a rule dividing two of different depths would divide moments
+  apart.
+
 Everything else (names, labels, annotations, ``for:``, group intervals and order) is copied as it is. What
 this cannot change: VictoriaMetrics answers queries about its last ``-search.latencyOffset`` (30 s) late,
-vmalert writes recorded series back on its remote-write flush, and 1.79 makes a new series searchable some
-seconds after it arrives, so each level of chained recording rules reads the level below late;
+and the references that stay (a recorded history, the slow group's series) read one more level late;
 docs/deploy.md ("VictoriaMetrics") says what that costs and how to shorten it.
 """
 
 from __future__ import annotations
 
-import copy
 import re
 from typing import Any
+
+from gpumon.alerting.chains import inline_records
+from gpumon.alerting.scan import IDENT, ScanError, closing, skip_string
 
 Group = dict[str, Any]
 
 
-class TranslationError(ValueError):
+class TranslationError(ScanError):
     """An expression this module cannot rewrite so that MetricsQL answers as PromQL; the message says why."""
 
 
@@ -71,6 +76,7 @@ _HEADER = """\
 # for vmalert with VictoriaMetrics as its -datasource.url: the expressions are MetricsQL, not PromQL.
 # Do not edit: change alerts/{name} and generate it again. What differs (gpumon/alerting/victoria.py):
 # - rate() and increase() are computed as Prometheus computes them (prom_rate, prom_increase);
+# - a recorded series another rule reads is written out in place (gpumon/alerting/chains.py);
 # - keep_firing_for is dropped{dropped}.
 """
 
@@ -84,7 +90,6 @@ def header(name: str, groups: list[Group]) -> str:
 
 _DURATION = re.compile(r"(\d+)(ms|s|m|h|d|w|y)")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
-_IDENT = re.compile(r"[A-Za-z_:][A-Za-z0-9_:]*")
 
 
 def _seconds(duration: str, where: str) -> float:
@@ -99,54 +104,15 @@ def _number(seconds: float) -> str:
     return f"{seconds:g}"
 
 
-def _skip_string(expr: str, i: int) -> int:
-    """The index after the string literal that starts at ``expr[i]``."""
-    quote = expr[i]
-    j = i + 1
-    while j < len(expr):
-        if expr[j] == "\\" and quote != "`":
-            j += 2
-            continue
-        if expr[j] == quote:
-            return j + 1
-        j += 1
-    raise TranslationError(f"unterminated string in {expr!r}")
-
-
-def _closing(expr: str, open_at: int) -> int:
-    """The index of the bracket closing the one at ``expr[open_at]``, strings and comments skipped."""
-    pairs = {"(": ")", "[": "]", "{": "}"}
-    stack = [pairs[expr[open_at]]]
-    i = open_at + 1
-    while i < len(expr):
-        c = expr[i]
-        if c in "\"'`":
-            i = _skip_string(expr, i)
-            continue
-        if c == "#":
-            end = expr.find("\n", i)
-            i = len(expr) if end < 0 else end
-            continue
-        if c in pairs:
-            stack.append(pairs[c])
-        elif c in ")]}":
-            if c != stack.pop():
-                raise TranslationError(f"unbalanced {c!r} in {expr!r}")
-            if not stack:
-                return i
-        i += 1
-    raise TranslationError(f"unbalanced brackets in {expr!r}")
-
-
 def _range_argument(arg: str, where: str) -> tuple[float, float]:
     """(window, offset) in seconds of ``selector[window] [offset d]``, the only argument rewritten."""
     text = arg.strip()
     # a selector's braces may hold "[" inside a label value: the range starts after the closing brace
     brace = text.find("{")
-    open_at = text.find("[", _closing(text, brace) if brace >= 0 else 0)
+    open_at = text.find("[", closing(text, brace) if brace >= 0 else 0)
     if open_at < 0:
         raise TranslationError(f"{where}: expected a range selector such as metric[5m], got {arg.strip()!r}")
-    close_at = _closing(text, open_at)
+    close_at = closing(text, open_at)
     selector, window, rest = text[:open_at], text[open_at + 1 : close_at], text[close_at + 1 :].strip()
     if "(" in selector or ":" in window:
         raise TranslationError(f"{where}: only a plain range selector can be rewritten, not {text!r}")
@@ -162,13 +128,22 @@ def _range_argument(arg: str, where: str) -> tuple[float, float]:
 def translate_expr(expr: str, where: str = "expression") -> str:
     """``expr`` with every rate()/increase() replaced by its Prometheus computation in MetricsQL, the
     :data:`PRELUDE` in front when there was one; any other expression unchanged."""
+    try:
+        return _translate(expr, where)
+    except TranslationError:
+        raise
+    except ScanError as exc:
+        raise TranslationError(f"{where}: {exc}") from exc
+
+
+def _translate(expr: str, where: str) -> str:
     out: list[str] = []
     i = 0
     replaced = False
     while i < len(expr):
         c = expr[i]
         if c in "\"'`":
-            j = _skip_string(expr, i)
+            j = skip_string(expr, i)
             out.append(expr[i:j])
             i = j
             continue
@@ -178,7 +153,7 @@ def translate_expr(expr: str, where: str = "expression") -> str:
             out.append(expr[i:j])
             i = j
             continue
-        m = _IDENT.match(expr, i)
+        m = IDENT.match(expr, i)
         if m is None:
             out.append(c)
             i += 1
@@ -193,7 +168,7 @@ def translate_expr(expr: str, where: str = "expression") -> str:
                 f"{where}: {name}() differs in MetricsQL and has no Prometheus-equal rewrite"
             )
         if is_call and name in _REPLACED:
-            close = _closing(expr, k)
+            close = closing(expr, k)
             argument = expr[k + 1 : close]
             window, offset = _range_argument(argument, where)
             out.append(f"{_REPLACED[name]}({argument.strip()}, {_number(window)}, {_number(offset)})")
@@ -206,10 +181,15 @@ def translate_expr(expr: str, where: str = "expression") -> str:
     return PRELUDE + text if replaced else text
 
 
-def vmalert_groups(groups: list[Group]) -> list[Group]:
-    """A copy of ``groups`` that vmalert 1.79 loads: keep_firing_for dropped, rate()/increase() rewritten
+def vmalert_groups(groups: list[Group], definitions: list[Group] | None = None) -> list[Group]:
+    """A copy of ``groups`` that vmalert 1.79 loads and that answers as Prometheus does: recorded series
+    read by other rules written out in place (gpumon.alerting.chains; ``definitions``: every rule file's
+    groups, where ``groups`` are one file's), keep_firing_for dropped, rate()/increase() rewritten
     (:func:`translate_expr`); everything else as it is. The input is not modified."""
-    out = copy.deepcopy(groups)
+    try:
+        out = inline_records(groups, definitions)
+    except ScanError as exc:
+        raise TranslationError(str(exc)) from exc
     for group in out:
         for rule in group.get("rules", []):
             rule.pop("keep_firing_for", None)

@@ -16,6 +16,10 @@ other rank wait in communication. The test sets each node's compute speed over t
 6. node-2's process is SIGKILLed; its ranks 8-11 restart 20 s later on node-0's free GPUs 4-7, resuming 60
    steps back from a checkpoint (each process loads for 3 s between its Reporters and its first step).
 
+Beside Prometheus, VictoriaMetrics scrapes the same nodes at the same moments and vmalert evaluates the same
+shortened rules as `python -m gpumon.alerting --vmalert` renders them (tests/support/victoria.py); what it
+recorded and alerted is read afterwards and held to the same truths (the tests named on_victoria).
+
 The scenario runs once (the module fixture), recording what Prometheus, its alerts and the daemons said and
 what the ranks did (their step logs are the truth); each test below checks one part of it. Each phase lasts
 as long as its signals take to show (polled, with timeouts), so the whole run takes about four minutes.
@@ -27,6 +31,7 @@ import dataclasses
 import json
 import math
 import re
+import shutil
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -43,6 +48,7 @@ from support.fleet import (
     Job,
     NodeRanks,
     PromApi,
+    VictoriaApi,
     busy_by_rank,
     defined_rules,
     median,
@@ -50,8 +56,16 @@ from support.fleet import (
     start_nodes,
     write_rules,
 )
-from support.helpers import Daemon, require_tool, run_gpumon
+from support.helpers import IN_CI, Daemon, require_tool, run_gpumon
 from support.stack import Process, start_prometheus
+from support.victoria import (
+    scrape_phases,
+    start_victoria_metrics,
+    start_vmalert,
+    victoria_metrics_binary,
+    victoria_scrape_config,
+    vmalert_binary,
+)
 
 from gpumon.baselines import library as B
 
@@ -91,6 +105,31 @@ COMMUNICATION_ALERT = "GpumonTrainingCommunicationBound"
 
 
 @dataclass
+class Seen:
+    """What one engine held after the scenario: every ALERTS series and straggler record with its sample
+    times, and the figures read off it afterwards."""
+
+    alerts: list[tuple[dict[str, str], list[float]]]
+    straggler_series: list[tuple[dict[str, str], list[float]]]
+    figures: dict[str, Any] = field(default_factory=dict)
+
+    def alerts_in(
+        self, start: float, end: float, name: str | None = None, state: str | None = None
+    ) -> list[str]:
+        """ALERTS series with a sample between start and end, as "name{labels}" (optionally one alert, one
+        state)."""
+        out = []
+        for labels, times in self.alerts:
+            if name is not None and labels.get("alertname") != name:
+                continue
+            if state is not None and labels.get("alertstate") != state:
+                continue
+            if any(start <= t <= end for t in times):
+                out.append(_show(labels))
+        return sorted(set(out))
+
+
+@dataclass
 class Run:
     """What the scenario did and saw; times are wall-clock (Prometheus' timestamps)."""
 
@@ -110,6 +149,10 @@ class Run:
     straggler_series: list[tuple[dict[str, str], list[float]]] = field(default_factory=list)
     badput_before_kill: dict[tuple[str, str, str], float] = field(default_factory=dict)
     ended: float = 0.0
+    # VictoriaMetrics scraping the same nodes and vmalert evaluating the same rules, when they run
+    vm: VictoriaApi | None = None
+    vm_straggler_alerts: list[dict[str, Any]] = field(default_factory=list)  # vmalert's, with annotations
+    victoria: Seen | None = None
 
     def instance(self, i: int) -> str:
         return self.nodes[i].url.removeprefix("http://")
@@ -125,17 +168,8 @@ class Run:
     def alerts_in(
         self, start: float, end: float, name: str | None = None, state: str | None = None
     ) -> list[str]:
-        """ALERTS series with a sample between start and end, as "name{labels}" (optionally one alert, one
-        state)."""
-        out = []
-        for labels, times in self.alerts:
-            if name is not None and labels.get("alertname") != name:
-                continue
-            if state is not None and labels.get("alertstate") != state:
-                continue
-            if any(start <= t <= end for t in times):
-                out.append(_show(labels))
-        return sorted(set(out))
+        """Prometheus's ALERTS series with a sample between start and end (Seen.alerts_in)."""
+        return Seen(self.alerts, []).alerts_in(start, end, name, state)
 
 
 def _show(labels: dict[str, str]) -> str:
@@ -179,6 +213,10 @@ def _hold(r: Run, seconds: float) -> None:
 @pytest.fixture(scope="module")
 def run(tmp_path_factory) -> Iterator[Run]:
     require_tool("prometheus")  # before anything starts: in CI its absence fails the test
+    # without them (outside CI) the Prometheus run still goes; the VictoriaMetrics tests skip
+    victoria = IN_CI or all(shutil.which(b) for b in ("victoria-metrics", "vmalert"))
+    if victoria:
+        victoria_metrics_binary(), vmalert_binary()
     work = tmp_path_factory.mktemp("fleet")
     library = work / "baselines.toml"
     (work / "checkpoints").mkdir()
@@ -189,15 +227,27 @@ def run(tmp_path_factory) -> Iterator[Run]:
         work / "checkpoints", LOAD,
     )  # fmt: skip
     api: PromApi | None = None
+    vm: VictoriaApi | None = None
+    engines: list[Process] = []  # VictoriaMetrics and vmalert
     began = time.monotonic()
     try:
         nodes = start_nodes(NODES, library, work)
-        rules = write_rules(work)
+        rules, vmalert_rules = write_rules(work)
         targets = [n.url.removeprefix("http://") for n in nodes]
-        (work / "prometheus.yml").write_text(yaml.safe_dump(prometheus_config(targets, rules)))
+        config = prometheus_config(targets, rules)
+        (work / "prometheus.yml").write_text(yaml.safe_dump(config))
         prom = start_prometheus(work / "prometheus.yml", work)
         api = PromApi(prom)
-        r = Run(nodes, api, job, work, time.time(), rules=defined_rules())
+        if victoria:
+            # scraping each node at the moment Prometheus does (support/victoria.py), so that both engines
+            # hold the same samples
+            api.wait(f'count(up{{job="gpumon"}}) == {NODES}', 30, "Prometheus's first scrapes")
+            phases = scrape_phases(api, SCRAPE)
+            (work / "victoria.yml").write_text(yaml.safe_dump(victoria_scrape_config(config, phases)))
+            engines.append(start_victoria_metrics(work / "victoria.yml", work))
+            engines.append(start_vmalert(vmalert_rules, engines[0].url, work))
+            vm = VictoriaApi(engines[0], engines[1])
+        r = Run(nodes, api, job, work, time.time(), rules=defined_rules(), vm=vm)
         _scenario(r, library)
         r.figures["runtime_s"] = round(time.monotonic() - began, 1)
         # for a run under -q, whose output is captured: every figure, beside the logs of the run
@@ -206,8 +256,11 @@ def run(tmp_path_factory) -> Iterator[Run]:
         yield r
     finally:
         job.stop()
-        if api is not None:
-            api.close()
+        for client in (api, vm):
+            if client is not None:
+                client.close()
+        for e in reversed(engines):
+            e.stop()
         if prom is not None:
             prom.stop()
         for n in reversed(nodes):
@@ -221,9 +274,10 @@ def _print(r: Run) -> None:
     print("  phases (s after Prometheus was ready):")
     for name, (a, b) in r.phases.items():
         print(f"    {name}: {a - r.started:.1f} .. {b - r.started:.1f}")
-    print("  alerts seen:")
-    for labels, times in r.alerts:
-        print(f"    {_show(labels)} {min(times) - r.started:.1f} .. {max(times) - r.started:.1f}")
+    for engine, alerts in (("Prometheus", r.alerts), ("vmalert", r.victoria.alerts if r.victoria else [])):
+        print(f"  alerts seen on {engine}:")
+        for labels, times in alerts:
+            print(f"    {_show(labels)} {min(times) - r.started:.1f} .. {max(times) - r.started:.1f}")
 
 
 def _scenario(r: Run, library: Path) -> None:
@@ -245,6 +299,9 @@ def _scenario(r: Run, library: Path) -> None:
         for labels, times in r.alerts
         if labels.get("alertname") == COMMUNICATION_ALERT
     }
+    if r.vm is not None:
+        r.victoria = _afterwards(r, r.vm)
+        r.figures["victoria"] = r.victoria.figures
 
 
 # ---- 1. steady ---------------------------------------------------------------------------------------------
@@ -334,6 +391,11 @@ def _straggler(r: Run) -> None:
                 r.straggler_alerts.append({**a, "seen": now})
                 if a["state"] == "firing" and fired is None:
                     fired = now
+        if r.vm is not None:
+            alerts = r.vm.alerts()
+            r.vm_straggler_alerts += [
+                {**a, "seen": now} for a in alerts if a["labels"].get("alertname") == STRAGGLER_ALERT
+            ]
         if now - last_verdict >= 2:
             last_verdict = now
             for j in r.nodes[0].get("/v1/jobs").json()["jobs"]:
@@ -506,8 +568,7 @@ def _kill_and_restart(r: Run) -> None:
             f"sum by (cause) (increase(gpumon_training_badput_seconds_total{{{J}}}[{window}s]))", at=end
         )
     }
-    points = r.prom.values(gpus, killed, end)
-    drop = [t for _, series in points for t, v in series if v <= WORLD - PER_NODE]
+    drop = [t for _, series in r.prom.values(gpus, killed, end) for t, v in series if v <= WORLD - PER_NODE]
     r.figures["kill_to_gpu_drop_s"] = round(min(drop) - killed, 1) if drop else None
     live = [v for _, series in r.prom.values(mfu, killed, restarted) for _, v in series]
     r.figures["mfu_min_while_8_ranks"] = round(min(live), 4) if live else None
@@ -537,9 +598,10 @@ def _kill_and_restart(r: Run) -> None:
     r.phases["restarted"] = (restarted, end)
 
 
-def _badput(r: Run, at: float) -> dict[tuple[str, str, str], float]:
-    """Every badput counter of the job at ``at``: (instance, rank, cause) -> seconds."""
-    result = r.prom.query(
+def _badput(r: Run, at: float, api: PromApi | None = None) -> dict[tuple[str, str, str], float]:
+    """Every badput counter of the job at ``at`` (on Prometheus, or ``api``): (instance, rank, cause) ->
+    seconds."""
+    result = (api or r.prom).query(
         f"max by (instance, rank, cause) (gpumon_training_badput_seconds_total{{{J}}})", at=at
     )
     return {
@@ -557,6 +619,63 @@ def _delta(
     for key, value in after.items():
         out[key[2]] = out.get(key[2], 0.0) + value - before.get(key, 0.0)
     return out
+
+
+# ---- afterwards: the second engine ------------------------------------------------------------------------
+
+
+def _afterwards(r: Run, api: PromApi) -> Seen:
+    """What an engine recorded over the scenario, read once it ended: the alert and straggler timelines and
+    the figures the live polls took on Prometheus, at the same moments."""
+    seen = Seen(
+        api.samples("ALERTS", r.started, r.ended),
+        api.samples(f"{STRAGGLER_RULE}{{{J}}}", r.started, r.ended),
+    )
+    f = seen.figures
+    f["rule_errors"] = api.rule_health()
+    onset, end = r.phases["straggler"]
+    named = [min(t for t in times if t >= onset) for m, times in seen.straggler_series if max(times) >= onset]
+    f["straggler_rule_delay_s"] = round(min(named) - onset, 1) if named else None
+    f["straggler_final"] = [
+        (x["metric"], float(x["value"][1])) for x in api.query(f"{STRAGGLER_RULE}{{{J}}}", end)
+    ]
+    firing = [
+        (labels, t)
+        for labels, times in seen.alerts
+        if labels.get("alertname") == STRAGGLER_ALERT and labels.get("alertstate") == "firing"
+        for t in times
+        if t >= onset
+    ]
+    f["straggler_alert_firing_delay_s"] = round(min(t for _, t in firing) - onset, 1) if firing else None
+    f["straggler_alert_labels"] = sorted({(m.get("instance", ""), m.get("node", "")) for m, _ in firing})
+    recovered, _ = r.phases["recovery-1"]
+    regressed, _ = r.phases["regression"]  # what comes later is a new question (the kill's)
+    last = [t for _, times in seen.straggler_series for t in times if recovered <= t < regressed]
+    f["straggler_rule_gone_after_recovery_s"] = round(max(last) - recovered, 1) if last else 0.0
+    last_alert = [  # pending or firing
+        t
+        for labels, times in seen.alerts
+        if labels.get("alertname") == STRAGGLER_ALERT
+        for t in times
+        if recovered <= t < regressed
+    ]
+    f["straggler_alert_resolved_after_recovery_s"] = (
+        round(max(last_alert) - recovered, 1) if last_alert else 0.0
+    )
+    gpus = f"job_name:gpumon_training_gpus:count{{{J}}}"
+    killed, _ = r.phases["kill"]
+    restarted, done = r.phases["restarted"]
+    drop = [t for _, series in api.values(gpus, killed, done) for t, v in series if v <= WORLD - PER_NODE]
+    f["kill_to_gpu_drop_s"] = round(min(drop) - killed, 1) if drop else None
+    mfu = f"job_name:gpumon_training_mfu:ratio{{{J}}}"
+    pre = [v for _, points in api.values(mfu, killed - 8, killed) for _, v in points]
+    live = [v for _, series in api.values(mfu, killed, restarted) for _, v in series]
+    f["mfu_before_kill"] = round(sum(pre) / len(pre), 4) if pre else None
+    f["mfu_min_while_8_ranks"] = round(min(live), 4) if live else None
+    delta = _delta(_badput(r, killed, api), _badput(r, done, api))
+    f["badput_delta"] = {k: round(v, 1) for k, v in delta.items()}
+    f["restart_accounted_rank_s"] = round(delta.get("restart", 0.0) + delta.get("lost_progress", 0.0), 1)
+    return seen
 
 
 # ---- the tests ---------------------------------------------------------------------------------------------
@@ -703,3 +822,78 @@ def test_waiting_for_a_straggler_is_not_called_communication_bound(run: Run) -> 
     assert settled, run.verdicts
     assert not [s for s in settled if "communication-bound" in s[1]], settled
     assert "waiting in communication" in settled[-1][1], settled[-1]
+
+
+# ---- the same on VictoriaMetrics and vmalert ---------------------------------------------------------------
+
+
+@pytest.fixture
+def victoria(run: Run) -> Seen:
+    if run.victoria is None:
+        pytest.skip("victoria-metrics and vmalert are not installed (apt-get install victoria-metrics)")
+    return run.victoria
+
+
+def test_on_victoria_the_rules_evaluate_and_a_steady_job_raises_nothing(run: Run, victoria: Seen) -> None:
+    assert victoria.figures["rule_errors"] == []
+    _, end = run.phases["steady"]
+    assert victoria.alerts_in(run.started, end, state="firing") == []
+
+
+def test_on_victoria_the_straggler_node_is_named_and_paged_with_its_node(run: Run, victoria: Seen) -> None:
+    f = victoria.figures
+    delay = f["straggler_rule_delay_s"]
+    assert delay is not None and delay <= DETECT_WITHIN, f
+    named = {m.get("instance") for m, _ in victoria.straggler_series}
+    assert named == {run.instance(1)}, f"the straggler rule named {named}"
+    (final,) = f["straggler_final"]
+    labels, value = final
+    truth = run.figures["node_ratio_truth"]
+    assert labels.get("node") == "node-1" and abs(value - truth) <= TOLERANCE * truth, (final, truth)
+    assert f["straggler_alert_firing_delay_s"] is not None, f
+    assert f["straggler_alert_labels"] == [(run.instance(1), "node-1")], f
+    firing = [a for a in run.vm_straggler_alerts if a["state"] == "firing"]
+    assert firing, f"vmalert's {STRAGGLER_ALERT} never fired: {run.vm_straggler_alerts}"
+    description = firing[-1]["annotations"].get("description", "")
+    assert "node-1" in description and "ranks 4–7" in description, description  # noqa: RUF001 (the alert's en dash)
+
+
+def test_on_victoria_the_network_is_not_blamed_and_the_straggler_clears(run: Run, victoria: Seen) -> None:
+    assert victoria.alerts_in(run.started, run.ended, name=COMMUNICATION_ALERT, state="firing") == []
+    f = victoria.figures
+    # vmalert has no keep_firing_for (alerting.vmalert_groups drops it): its alert resolves as the rule clears
+    assert f["straggler_rule_gone_after_recovery_s"] <= DETECT_WITHIN, f
+    assert f["straggler_alert_resolved_after_recovery_s"] <= DETECT_WITHIN, f
+
+
+def test_on_victoria_a_regression_alerts_and_names_no_straggler(run: Run, victoria: Seen) -> None:
+    start, end = run.phases["regression"]
+    killed, _ = run.phases["kill"]
+    assert victoria.alerts_in(start, end, name=BASELINE_ALERTS[0], state="firing")
+    assert victoria.alerts_in(start, killed, name=STRAGGLER_ALERT) == []
+
+
+def test_on_victoria_killed_ranks_stop_counting_and_moving_raises_nothing(run: Run, victoria: Seen) -> None:
+    f = victoria.figures
+    assert f["kill_to_gpu_drop_s"] is not None and f["kill_to_gpu_drop_s"] <= KILL_DROP_WITHIN, f
+    assert f["mfu_min_while_8_ranks"] >= MFU_FLOOR * f["mfu_before_kill"], f
+    killed, _ = run.phases["kill"]
+    moved = [
+        a
+        for name in (*BASELINE_ALERTS, STRAGGLER_ALERT, "GpumonTrainingStragglerRank")
+        for a in victoria.alerts_in(killed, run.ended, name=name)
+    ]
+    assert moved == [], moved
+
+
+def test_on_victoria_a_restart_across_nodes_is_accounted(run: Run, victoria: Seen) -> None:
+    truth = run.figures["restart_truth_rank_s"]
+    lost = victoria.figures["restart_accounted_rank_s"]
+    assert abs(lost - truth) <= ACCOUNTING * truth, (lost, truth, victoria.figures["badput_delta"])
+
+
+def test_on_victoria_every_alert_with_an_instance_names_its_node(victoria: Seen) -> None:
+    unnamed = sorted(
+        {_show(labels) for labels, _ in victoria.alerts if "instance" in labels and "node" not in labels}
+    )
+    assert unnamed == [], unnamed

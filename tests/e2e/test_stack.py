@@ -37,9 +37,11 @@ from support.stack import Prometheus, Webhook, alertmanager_binary, shortened_ru
 from support.victoria import (
     VictoriaMetrics,
     Vmalert,
+    scrape_phases,
     start_victoria_metrics,
     start_vmalert,
     victoria_metrics_binary,
+    victoria_scrape_config,
     vmalert_binary,
 )
 
@@ -99,38 +101,6 @@ def prometheus_config(targets: list[str], alertmanager: str, rules: list[str]) -
         "alerting": {"alertmanagers": [{"static_configs": [{"targets": [alertmanager]}]}]},
         "scrape_configs": [{"job_name": "gpumon", "static_configs": [{"targets": targets}]}],
     }
-
-
-def victoria_scrape_config(prometheus: dict[str, Any], phases: dict[str, float]) -> dict[str, Any]:
-    """Prometheus's scrape job for VictoriaMetrics, each target scraped at the moment Prometheus scrapes it.
-
-    ``phases``: each target's scrape time modulo the interval, as Prometheus keeps it. Each engine otherwise
-    picks its own moment within the 2 s interval, and a simulated GPU's power or utilisation swings with the
-    phase of its job's step from one daemon sample to the next: the two would hold different samples and
-    differ by up to half, whatever they computed. scrape_offset (VictoriaMetrics' own setting) needs a job
-    per target; each keeps the label job="gpumon". VictoriaMetrics refuses the sections it does not read
-    (rule_files, alerting, evaluation_interval)."""
-    scrape = {k: v for k, v in prometheus["global"].items() if k.startswith("scrape_")}
-    (job,) = prometheus["scrape_configs"]
-    jobs = [
-        {
-            "job_name": f"{job['job_name']}-{i}",
-            "scrape_offset": f"{round(phases[target] * 1000)}ms",
-            "static_configs": [{"targets": [target]}],
-            "relabel_configs": [{"target_label": "job", "replacement": job["job_name"]}],
-        }
-        for i, target in enumerate(t for c in job["static_configs"] for t in c["targets"])
-    ]
-    return {"global": scrape, "scrape_configs": jobs}
-
-
-def scrape_phases(prom: Prometheus, interval: float) -> dict[str, float]:
-    """When within each interval Prometheus scrapes each target (seconds), from its `up` samples."""
-    phases = {}
-    for series in prom.query(f'up{{job="gpumon"}}[{round(interval * 3)}s]'):
-        t = float(series["values"][-1][0])
-        phases[series["metric"]["instance"]] = t % interval
-    return phases
 
 
 class LateRank:
@@ -221,12 +191,14 @@ def stack(tmp_path_factory) -> Iterator[dict[str, Any]]:
         )
         started.append(am)
         rules, vm_rules = [], []
-        for name, doc in shortened_rules(SHORT, {"GpumonExporterAbsent": ABSENT_FOR}):
+        docs = shortened_rules(SHORT, {"GpumonExporterAbsent": ABSENT_FOR})
+        every = [g for _, doc in docs for g in doc["groups"]]
+        for name, doc in docs:
             (work / name).write_text(yaml.safe_dump(doc, sort_keys=False))
             rules.append(str(work / name))
             # the same shortened rules, as `python -m gpumon.alerting --vmalert` renders them for vmalert
             (work / f"vmalert-{name}").write_text(
-                alerting.dump({"groups": alerting.vmalert_groups(doc["groups"])})
+                alerting.dump({"groups": alerting.vmalert_groups(doc["groups"], every)})
             )
             vm_rules.append(work / f"vmalert-{name}")
         targets = [n.url.removeprefix("http://") for n in nodes]

@@ -23,7 +23,8 @@ import yaml
 
 from gpumon import alerting
 from support.helpers import ROOT, Daemon, start_daemon
-from support.stack import Prometheus, shortened_rules
+from support.stack import Process, Prometheus, shortened_rules
+from support.victoria import Vmalert
 
 SYNC_RANKS = ROOT / "tests" / "support" / "sync_ranks.py"
 # seconds: every for:/keep_firing_for: of the shipped rules, as test_stack.py shortens them (two scrapes and
@@ -62,14 +63,20 @@ def start_nodes(count: int, library: Path, work: Path) -> list[Daemon]:
     return nodes
 
 
-def write_rules(work: Path) -> list[str]:
-    """The shipped rule files with their timers shortened as test_stack.py shortens them."""
+def write_rules(work: Path) -> tuple[list[str], list[Path]]:
+    """The shipped rule files with their timers shortened as test_stack.py shortens them, for Prometheus and
+    as `python -m gpumon.alerting --vmalert` renders them for vmalert."""
     fors = {"GpumonExporterAbsent": ABSENT_FOR, "GpumonTrainingCommunicationBound": COMMUNICATION_FOR}
-    paths = []
-    for name, doc in shortened_rules(SHORT, fors):
+    paths, vmalert = [], []
+    docs = shortened_rules(SHORT, fors)
+    every = [g for _, doc in docs for g in doc["groups"]]  # the alerting rules read the recorded series
+    for name, doc in docs:
         (work / name).write_text(yaml.safe_dump(doc, sort_keys=False, allow_unicode=True))
         paths.append(str(work / name))
-    return paths
+        variant = work / f"vmalert-{name}"
+        variant.write_text(alerting.dump({"groups": alerting.vmalert_groups(doc["groups"], every)}))
+        vmalert.append(variant)
+    return paths, vmalert
 
 
 def prometheus_config(targets: list[str], rules: list[str]) -> dict[str, Any]:
@@ -116,6 +123,27 @@ class PromApi(Prometheus):
     def alerts(self) -> list[dict[str, Any]]:
         """Active alerts (pending and firing) with their labels and rendered annotations."""
         return list(self.client.get("/api/v1/alerts").json()["data"]["alerts"])
+
+
+class VictoriaApi(PromApi):
+    """The same reads on VictoriaMetrics, its rules' health and active alerts from vmalert."""
+
+    def __init__(self, vm: Process, vmalert: Process) -> None:
+        super().__init__(vm)
+        self.vmalert = Vmalert(vmalert)
+
+    def query(self, expr: str, at: float | None = None) -> list[dict[str, Any]]:
+        return self._query(expr, at, {"nocache": "1"})  # never an answer from before the last samples
+
+    def alerts(self) -> list[dict[str, Any]]:
+        return self.vmalert.alerts()
+
+    def rule_health(self) -> list[str]:
+        return self.vmalert.rule_health()
+
+    def close(self) -> None:
+        super().close()
+        self.vmalert.close()
 
 
 class Barrier:

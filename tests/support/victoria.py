@@ -108,6 +108,38 @@ def vmalert_dry_run(rule_files: list[Path], cwd: Path) -> subprocess.CompletedPr
     )
 
 
+def victoria_scrape_config(prometheus: dict[str, Any], phases: dict[str, float]) -> dict[str, Any]:
+    """Prometheus's scrape job for VictoriaMetrics, each target scraped at the moment Prometheus scrapes it.
+
+    ``phases``: each target's scrape time modulo the interval, as Prometheus keeps it. Each engine otherwise
+    picks its own moment within the 2 s interval, and a simulated GPU's power or utilisation swings with the
+    phase of its job's step from one daemon sample to the next: the two would hold different samples and
+    differ by up to half, whatever they computed. scrape_offset (VictoriaMetrics' own setting) needs a job
+    per target; each keeps the label job="gpumon". VictoriaMetrics refuses the sections it does not read
+    (rule_files, alerting, evaluation_interval)."""
+    scrape = {k: v for k, v in prometheus["global"].items() if k.startswith("scrape_")}
+    (job,) = prometheus["scrape_configs"]
+    jobs = [
+        {
+            "job_name": f"{job['job_name']}-{i}",
+            "scrape_offset": f"{round(phases[target] * 1000)}ms",
+            "static_configs": [{"targets": [target]}],
+            "relabel_configs": [{"target_label": "job", "replacement": job["job_name"]}],
+        }
+        for i, target in enumerate(t for c in job["static_configs"] for t in c["targets"])
+    ]
+    return {"global": scrape, "scrape_configs": jobs}
+
+
+def scrape_phases(prom: Prometheus, interval: float) -> dict[str, float]:
+    """When within each interval Prometheus scrapes each target (seconds), from its `up` samples."""
+    phases = {}
+    for series in prom.query(f'up{{job="gpumon"}}[{round(interval * 3)}s]'):
+        t = float(series["values"][-1][0])
+        phases[series["metric"]["instance"]] = t % interval
+    return phases
+
+
 class VictoriaMetrics(Prometheus):
     """The query client of :class:`support.stack.Prometheus` on VictoriaMetrics' Prometheus-compatible API."""
 
@@ -133,7 +165,8 @@ class Vmalert:
 
     def alerts(self) -> list[dict[str, Any]]:
         """Every pending or firing alert, as vmalert's /api/v1/alerts lists it."""
-        alerts: list[dict[str, Any]] = self.client.get("/api/v1/alerts").json()["data"]["alerts"]
+        # null, not [], while none is active
+        alerts: list[dict[str, Any]] = self.client.get("/api/v1/alerts").json()["data"]["alerts"] or []
         return alerts
 
     def close(self) -> None:
