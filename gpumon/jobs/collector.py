@@ -218,18 +218,18 @@ def _add_ledger(f: dict[str, Any], rl: list[str], ledger: LedgerView, held: floa
 
 def _add_allocator(f: dict[str, Any], rl: list[str], v: RankView) -> None:
     m = v.report.memory
-    counts = v.allocator_counts()  # None exactly when m is
-    if m is None or counts is None:
-        return
-    _opt(f, M.ALLOCATOR_ALLOCATED, rl, m.allocated_bytes)
-    _opt(f, M.ALLOCATOR_ALLOCATED_PEAK, rl, m.allocated_peak_bytes)
-    _opt(f, M.ALLOCATOR_RESERVED, rl, m.reserved_bytes)
-    _opt(f, M.ALLOCATOR_RESERVED_PEAK, rl, m.reserved_peak_bytes)
-    _opt(f, M.ALLOCATOR_FRAGMENTATION, rl, fragmentation(m.allocated_bytes, m.reserved_bytes))
-    if m.alloc_retries is not None:
-        f[M.ALLOCATOR_RETRIES.name].add_metric(rl, counts[0])
-    if m.ooms is not None:
-        f[M.ALLOCATOR_OOMS.name].add_metric(rl, counts[1])
+    if m is not None:
+        _opt(f, M.ALLOCATOR_ALLOCATED, rl, m.allocated_bytes)
+        _opt(f, M.ALLOCATOR_ALLOCATED_PEAK, rl, m.allocated_peak_bytes)
+        _opt(f, M.ALLOCATOR_RESERVED, rl, m.reserved_bytes)
+        _opt(f, M.ALLOCATOR_RESERVED_PEAK, rl, m.reserved_peak_bytes)
+        _opt(f, M.ALLOCATOR_FRAGMENTATION, rl, fragmentation(m.allocated_bytes, m.reserved_bytes))
+    # the counters stay once known, through a report without them: a series that went and came back lower
+    # would read as a reset
+    counts = v.allocator_counts()
+    if counts is not None:
+        _opt(f, M.ALLOCATOR_RETRIES, rl, counts[0])
+        _opt(f, M.ALLOCATOR_OOMS, rl, counts[1])
 
 
 def fragmentation(allocated: float | None, reserved: float | None) -> float | None:

@@ -20,7 +20,11 @@ from gpumon.jobs.goodput.ledger import Ledger, LedgerView
 from gpumon.jobs.report import Report
 
 log = logging.getLogger("gpumon.jobs")
-MAX_CARRIED_PHASES = 2 * P.MAX_PHASES  # phase names a rank carries across restarts
+MAX_CARRIED_PHASES = 2 * P.MAX_PHASES  # phase names a rank exports, over all its processes
+# the seconds of phase names past MAX_CARRIED_PHASES: a name no client can send (PHASE_PATTERN), so that a
+# rank's phase series neither grow without end nor ever go back (a name dropped, then reported again at 1)
+OTHER_PHASES = "_other"
+_ALLOCATOR = ("alloc_retries", "ooms")
 MAX_POINTS = 512  # per rank: 60 s of reports at 8/s; more only shortens the effective window
 FINISHED_LINGER = 30.0  # seconds a rank stays after its final report, so a scrape sees its last totals
 # a rank that went (finished, or silent past the TTL) keeps its counter offsets this long, so a process that
@@ -80,7 +84,8 @@ _NO_POINTS: deque[Point] = deque(maxlen=0)  # a gone rank's: shared, and never a
 
 @dataclass(frozen=True, slots=True)
 class Offsets:
-    """What earlier incarnations of a rank contributed to its exported counters (replaced, never mutated)."""
+    """What earlier incarnations of a rank contributed to its exported counters (replaced, never mutated),
+    and the phase names the rank exports."""
 
     steps: float = 0.0
     tokens: float = 0.0
@@ -93,15 +98,20 @@ class Offsets:
     request_sum: float = 0.0
     alloc_retries: float = 0.0
     ooms: float = 0.0
+    # whether an earlier incarnation reported each allocator counter: its series then stays
+    alloc_known: tuple[bool, bool] = (False, False)
+    # the phase names exported on their own, in the order first reported (at most MAX_CARRIED_PHASES); the
+    # seconds of any other name go to OTHER_PHASES, so no exported phase series ever goes back
+    names: tuple[str, ...] = ()
 
-    def plus(self, r: Report) -> Offsets:
+    def plus(self, r: Report, alloc: tuple[float | None, float | None]) -> Offsets:
+        """With the incarnation whose last report is ``r`` (its allocator counters last known as
+        ``alloc``) folded in."""
         t = r.totals
         phases = dict(self.phases)
         for name, seconds in r.phases.items():
-            # the names of every earlier process are carried: bounded, or restarts each with new custom
-            # names would grow a rank's phase series without end
-            if name in phases or len(phases) < MAX_CARRIED_PHASES:
-                phases[name] = phases.get(name, 0.0) + seconds
+            key = name if name in self.names else OTHER_PHASES
+            phases[key] = phases.get(key, 0.0) + seconds
         req = r.request_seconds
         return Offsets(
             self.steps + t.steps,
@@ -115,27 +125,40 @@ class Offsets:
             if req is None
             else tuple(a + b for a, b in zip(self.request_counts, req.counts, strict=True)),
             self.request_sum + (0.0 if req is None else req.sum),
-            self.alloc_retries + _count(r, "alloc_retries"),
-            self.ooms + _count(r, "ooms"),
+            self.alloc_retries + (alloc[0] or 0.0),
+            self.ooms + (alloc[1] or 0.0),
+            (self.alloc_known[0] or alloc[0] is not None, self.alloc_known[1] or alloc[1] is not None),
+            self.names,
         )
 
-
-def _allocator_resets(offsets: Offsets, old: Report, new: Report) -> Offsets:
-    """A process that reset its allocator's counters (torch.cuda.reset_accumulated_memory_stats): what they
-    had counted joins the offsets, so the exported counters never go back."""
-    if old.memory is None or new.memory is None:
-        return offsets
-    retries, ooms = _count(old, "alloc_retries"), _count(old, "ooms")
-    lost_retries = retries if _count(new, "alloc_retries") < retries else 0.0
-    lost_ooms = ooms if _count(new, "ooms") < ooms else 0.0
-    if not (lost_retries or lost_ooms):
-        return offsets
-    return replace(offsets, alloc_retries=offsets.alloc_retries + lost_retries, ooms=offsets.ooms + lost_ooms)
+    def naming(self, r: Report) -> Offsets:
+        """With the phase names of ``r`` not yet exported admitted, while there is room."""
+        new = sorted(n for n in r.phases if n not in self.names)
+        room = MAX_CARRIED_PHASES - len(self.names)
+        if not new or room <= 0:
+            return self
+        return replace(self, names=self.names + tuple(new[:room]))
 
 
-def _count(r: Report, name: str) -> float:
-    """An allocator counter of the report, 0 when it does not say."""
-    return float(getattr(r.memory, name) or 0) if r.memory is not None else 0.0
+def _track_allocator(
+    offsets: Offsets, last: tuple[float | None, float | None], r: Report
+) -> tuple[Offsets, tuple[float | None, float | None]]:
+    """The allocator counters as last known, and the offsets with what a reset took away: a process that
+    reset them (torch.cuda.reset_accumulated_memory_stats) keeps its exported counters from going back, and
+    a report without them (``memory`` null, a field missing) forgets nothing."""
+    if r.memory is None:
+        return offsets, last
+    known: list[float | None] = []
+    for i, name in enumerate(_ALLOCATOR):
+        value = getattr(r.memory, name)
+        if value is None:
+            known.append(last[i])
+            continue
+        before = last[i]
+        if before is not None and float(value) < before:
+            offsets = replace(offsets, **{name: getattr(offsets, name) + before})
+        known.append(float(value))
+    return offsets, (known[0], known[1])
 
 
 @dataclass
@@ -147,6 +170,7 @@ class Rank:
     points: deque[Point] = field(default_factory=lambda: deque(maxlen=MAX_POINTS))
     anchor: Point | None = None
     ledger: Ledger = field(default_factory=Ledger)
+    alloc: tuple[float | None, float | None] = (None, None)  # this incarnation's, last known
 
     @property
     def key(self) -> tuple[str, int]:
@@ -164,22 +188,31 @@ class RankView:
     points: tuple[Point, ...]
     anchor: Point | None
     ledger: LedgerView
+    alloc: tuple[float | None, float | None] = (None, None)
 
     def totals(self) -> dict[str, float]:
         """The exported counters: earlier incarnations' offsets plus this one's totals."""
         return {name: getattr(self.offsets, name) + getattr(self.report.totals, name) for name in P.TOTALS}
 
     def phases(self) -> dict[str, float]:
-        """Exported phase seconds, including phases only an earlier incarnation reported."""
-        mine, before = self.report.phases, self.offsets.phases
-        return {name: mine.get(name, 0.0) + before.get(name, 0.0) for name in sorted({*mine, *before})}
+        """Exported phase seconds: every name the rank exports, earlier incarnations' included, and the
+        rest under OTHER_PHASES once there is any."""
+        mine, before, names = self.report.phases, self.offsets.phases, self.offsets.names
+        out = {name: mine.get(name, 0.0) + before.get(name, 0.0) for name in names}
+        rest = [s for name, s in mine.items() if name not in names]
+        if rest or OTHER_PHASES in before:
+            out[OTHER_PHASES] = before.get(OTHER_PHASES, 0.0) + sum(rest)
+        return dict(sorted(out.items()))
 
-    def allocator_counts(self) -> tuple[float, float] | None:
-        """Allocation retries and OOMs since the rank's first process; None when it does not report them."""
-        if self.report.memory is None:
-            return None
-        r = self.report
-        return self.offsets.alloc_retries + _count(r, "alloc_retries"), self.offsets.ooms + _count(r, "ooms")
+    def allocator_counts(self) -> tuple[float | None, float | None] | None:
+        """Allocation retries and OOMs since the rank's first process, each None while no process of it
+        reported that counter; None when neither was ever reported."""
+        o = self.offsets
+        out = tuple(
+            None if last is None and not known else offset + (last or 0.0)
+            for offset, last, known in zip((o.alloc_retries, o.ooms), self.alloc, o.alloc_known, strict=True)
+        )
+        return None if out == (None, None) else (out[0], out[1])
 
 
 def _point(r: Report) -> Point:
@@ -268,7 +301,7 @@ class JobStore:
             else:
                 _check_seq_jump(rank.report, r)
                 _check_monotonic(rank.report, r)
-                rank.offsets = _allocator_resets(rank.offsets, rank.report, r)
+            rank.offsets, rank.alloc = _track_allocator(rank.offsets.naming(r), rank.alloc, r)
             rank.report = r
             rank.received = now
             rank.ledger.observe(r, self.baseline_steps.get(r.job))
@@ -293,10 +326,10 @@ class JobStore:
         old = went[1]
         if r.incarnation == old.report.incarnation:  # silent past the TTL, then back: the same process
             _check_monotonic(old.report, r)
-            fresh.offsets = _allocator_resets(old.offsets, old.report, r)
+            fresh.offsets, fresh.alloc = old.offsets, old.alloc
             fresh.restarts, fresh.ledger = old.restarts, old.ledger
         elif r.started >= old.report.started:
-            fresh.offsets, fresh.restarts = old.offsets.plus(old.report), old.restarts + 1
+            fresh.offsets, fresh.restarts = old.offsets.plus(old.report, old.alloc), old.restarts + 1
             fresh.ledger = old.ledger
         else:  # a late report of a process its successor replaced: the rank's past stays as it was
             raise Stale()
@@ -377,13 +410,15 @@ class JobStore:
                     tuple(rank.points),
                     rank.anchor,
                     rank.ledger.view(),
+                    rank.alloc,
                 )
                 for rank in sorted(self._ranks.values(), key=lambda x: x.key)
             ]
 
 
 def _restart(rank: Rank) -> None:
-    rank.offsets = rank.offsets.plus(rank.report)
+    rank.offsets = rank.offsets.plus(rank.report, rank.alloc)
+    rank.alloc = (None, None)
     rank.restarts += 1
     rank.points.clear()
     rank.anchor = None

@@ -89,7 +89,8 @@ PHASE_SECONDS = metric(
     "gpumon_training_phase_seconds_total",
     "counter",
     "Host wall time spent in each phase of the step (data_wait, forward_backward, communication, "
-    "optimizer, checkpoint, or a custom name).",
+    "optimizer, checkpoint, or a custom name). A rank exports at most 32 names over all its processes; "
+    "the seconds of any later name count under the phase _other, so no series ever goes back.",
     (*RANK, "phase"),
     "seconds",
     "SDK phase()",
