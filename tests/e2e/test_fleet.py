@@ -878,12 +878,20 @@ def test_on_victoria_killed_ranks_stop_counting_and_moving_raises_nothing(run: R
     assert f["kill_to_gpu_drop_s"] is not None and f["kill_to_gpu_drop_s"] <= KILL_DROP_WITHIN, f
     assert f["mfu_min_while_8_ranks"] >= MFU_FLOOR * f["mfu_before_kill"], f
     killed, _ = run.phases["kill"]
-    moved = [
-        a
-        for name in (*BASELINE_ALERTS, STRAGGLER_ALERT, "GpumonTrainingStragglerRank")
-        for a in victoria.alerts_in(killed, run.ended, name=name)
-    ]
+    names = (*BASELINE_ALERTS, STRAGGLER_ALERT, "GpumonTrainingStragglerRank")
+    moved = [a for name in names for a in victoria.alerts_in(killed, run.ended, name=name, state="firing")]
     assert moved == [], moved
+    # VictoriaMetrics 1.79 makes a new series (a moved rank's) searchable a few seconds after its first
+    # samples, so a ratio of an old series to a new one can read wrong for an evaluation or two: pending,
+    # never for as long as a for: (docs/deploy.md, "VictoriaMetrics")
+    pending = {
+        _show(labels): round(max(ts) - min(ts), 1)
+        for labels, times in victoria.alerts
+        if labels.get("alertname") in names
+        and labels.get("alertstate") == "pending"
+        and (ts := [t for t in times if t >= killed])
+    }
+    assert all(span < SHORT for span in pending.values()), pending
 
 
 def test_on_victoria_a_restart_across_nodes_is_accounted(run: Run, victoria: Seen) -> None:
