@@ -26,7 +26,7 @@ import copy
 import re
 from typing import Any
 
-from gpumon.alerting.scan import IDENT, ScanError, skip_string
+from gpumon.alerting.scan import IDENT, ScanError, skip_literal
 
 Group = dict[str, Any]
 _MODIFIER = re.compile(r"\s*(\{|\[|\(|offset\b|@)")
@@ -38,13 +38,8 @@ def _references(expr: str) -> list[tuple[int, int, str, bool]]:
     out = []
     i = 0
     while i < len(expr):
-        c = expr[i]
-        if c in "\"'`":
-            i = skip_string(expr, i)
-            continue
-        if c == "#":
-            end = expr.find("\n", i)
-            i = len(expr) if end < 0 else end
+        if (after := skip_literal(expr, i)) != i:
+            i = after
             continue
         m = IDENT.match(expr, i)
         if m is None:

@@ -26,20 +26,27 @@ def skip_string(expr: str, i: int) -> int:
     raise ScanError(f"unterminated string in {expr!r}")
 
 
+def skip_literal(expr: str, i: int) -> int:
+    """The index after the string literal or comment that starts at ``expr[i]``; ``i`` when neither does."""
+    c = expr[i]
+    if c in "\"'`":
+        return skip_string(expr, i)
+    if c == "#":
+        end = expr.find("\n", i)
+        return len(expr) if end < 0 else end
+    return i
+
+
 def closing(expr: str, open_at: int) -> int:
     """The index of the bracket closing the one at ``expr[open_at]``, strings and comments skipped."""
     pairs = {"(": ")", "[": "]", "{": "}"}
     stack = [pairs[expr[open_at]]]
     i = open_at + 1
     while i < len(expr):
+        if (after := skip_literal(expr, i)) != i:
+            i = after
+            continue
         c = expr[i]
-        if c in "\"'`":
-            i = skip_string(expr, i)
-            continue
-        if c == "#":
-            end = expr.find("\n", i)
-            i = len(expr) if end < 0 else end
-            continue
         if c in pairs:
             stack.append(pairs[c])
         elif c in ")]}":

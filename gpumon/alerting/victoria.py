@@ -35,7 +35,7 @@ import re
 from typing import Any
 
 from gpumon.alerting.chains import inline_records
-from gpumon.alerting.scan import IDENT, ScanError, closing, skip_string
+from gpumon.alerting.scan import IDENT, ScanError, closing, skip_literal
 
 Group = dict[str, Any]
 
@@ -141,18 +141,11 @@ def _translate(expr: str, where: str) -> str:
     i = 0
     replaced = False
     while i < len(expr):
+        if (j := skip_literal(expr, i)) != i:
+            out.append(expr[i:j])
+            i = j
+            continue
         c = expr[i]
-        if c in "\"'`":
-            j = skip_string(expr, i)
-            out.append(expr[i:j])
-            i = j
-            continue
-        if c == "#":
-            j = expr.find("\n", i)
-            j = len(expr) if j < 0 else j
-            out.append(expr[i:j])
-            i = j
-            continue
         m = IDENT.match(expr, i)
         if m is None:
             out.append(c)
