@@ -28,8 +28,10 @@ from gpumon.jobs import report as reports
 from gpumon.jobs.analysis import Analysis
 from gpumon.jobs.collector import IngestStats
 from gpumon.jobs.jobjson import job_json
-from gpumon.jobs.store import Conflict, LimitExceeded, Stale
+from gpumon.jobs.physics import check_start
+from gpumon.jobs.store import Conflict, Impostor, LimitExceeded, Stale
 from gpumon.web.listen import is_loopback, via_unix_socket
+from gpumon.web.peer import peer_in
 
 
 class Reason(BaseModel):
@@ -70,11 +72,20 @@ class Ingest:
     (docs/performance.md), so they are answered here and everything else passes through.
     """
 
-    def __init__(self, app: ASGIApp, analysis: Analysis, stats: IngestStats, policy: IngestPolicy) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        analysis: Analysis,
+        stats: IngestStats,
+        policy: IngestPolicy,
+        boot: float | None = None,
+    ) -> None:
+        """``boot``: when this node booted (unix seconds), before which no local report can speak of."""
         self.app = app
         self.analysis = analysis
         self.stats = stats
         self.policy = policy
+        self.boot = boot
         self.expected = None if policy.token is None else f"Bearer {policy.token}".encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -104,7 +115,8 @@ class Ingest:
     async def _handle(self, scope: Scope, receive: Receive) -> tuple[int, str]:
         if scope["method"] != "POST":
             return self._refuse("invalid", 405, f"{P.PATH} takes POST")
-        if not self.policy.allow_remote and not is_local(scope):
+        local = is_local(scope)
+        if not self.policy.allow_remote and not local:
             return self._refuse(
                 "forbidden",
                 403,
@@ -134,8 +146,18 @@ class Ingest:
             report = reports.parse(data)
         except reports.InvalidReport as exc:
             return self._refuse("invalid", 422, str(exc))
+        peer = peer_in(scope)
+        if peer is not None and not peer.speaks_for(report.pid):
+            return self._refuse(
+                "forbidden",
+                403,
+                f"pid: the report says {report.pid}, and the kernel says its sender is pid {peer.pid}; a "
+                "process reports for itself",
+            )
         try:
-            self.analysis.store.ingest(report, time.time())
+            if local and self.boot is not None:
+                check_start(report, self.boot)
+            self.analysis.store.ingest(report, time.time(), peer)
         except Stale:
             self.stats.count("duplicate")
             return 204, ""
@@ -143,6 +165,8 @@ class Ingest:
             return self._refuse(exc.outcome, 429, str(exc))
         except Conflict as exc:
             return self._refuse("conflict", 409, str(exc))
+        except Impostor as exc:
+            return self._refuse("forbidden", 403, str(exc))
         except ValueError as exc:
             return self._refuse("invalid", 422, str(exc))
         self.stats.count("accepted")

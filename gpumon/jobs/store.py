@@ -17,7 +17,9 @@ from typing import NamedTuple
 
 from gpumon.client import protocol as P
 from gpumon.jobs.goodput.ledger import Ledger, LedgerView
+from gpumon.jobs.physics import check_growth
 from gpumon.jobs.report import Report
+from gpumon.web.peer import Peer
 
 log = logging.getLogger("gpumon.jobs")
 MAX_CARRIED_PHASES = 2 * P.MAX_PHASES  # phase names a rank exports, over all its processes
@@ -78,6 +80,10 @@ class Conflict(Exception):
     """Two live processes report as the same (job, rank): the client must tell them apart."""
 
 
+class Impostor(Exception):
+    """A process reports for an incarnation another process holds (the kernel says who sent it)."""
+
+
 _ZEROS = (0.0,) * (len(P.BUCKETS) + 1)
 _NO_POINTS: deque[Point] = deque(maxlen=0)  # a gone rank's: shared, and never appended to
 
@@ -109,9 +115,14 @@ class Offsets:
         ``alloc``) folded in."""
         t = r.totals
         phases = dict(self.phases)
+        rest = [seconds for name, seconds in r.phases.items() if name not in self.names]
         for name, seconds in r.phases.items():
-            key = name if name in self.names else OTHER_PHASES
-            phases[key] = phases.get(key, 0.0) + seconds
+            if name in self.names:
+                phases[name] = phases.get(name, 0.0) + seconds
+        if rest:
+            # summed as RankView.phases sums them, in one go: added one by one, the carried total could
+            # come out an ulp below what the last scrape showed, and Prometheus reads any drop as a reset
+            phases[OTHER_PHASES] = phases.get(OTHER_PHASES, 0.0) + sum(rest)
         req = r.request_seconds
         return Offsets(
             self.steps + t.steps,
@@ -171,6 +182,9 @@ class Rank:
     anchor: Point | None = None
     ledger: Ledger = field(default_factory=Ledger)
     alloc: tuple[float | None, float | None] = (None, None)  # this incarnation's, last known
+    # the process that sent this incarnation's first report over the unix socket; None over TCP, where
+    # nothing says which local process is speaking
+    sender: Peer | None = None
 
     @property
     def key(self) -> tuple[str, int]:
@@ -267,8 +281,9 @@ class JobStore:
         self.listeners: list[Callable[[Report], None]] = []
         self._lock = threading.Lock()
 
-    def ingest(self, r: Report, now: float) -> None:
-        """Store one report. Raises Stale (ignored, 'duplicate'), Conflict, LimitExceeded, or ValueError."""
+    def ingest(self, r: Report, now: float, sender: Peer | None = None) -> None:
+        """Store one report, sent by ``sender`` where the kernel said (the unix socket). Raises Stale
+        (ignored, 'duplicate'), Conflict, Impostor, LimitExceeded, or ValueError."""
         for which, stamp in (
             ("time", r.time), ("started", r.started), ("updated", r.updated), ("anchor.time", r.anchor_time)
         ):  # fmt: skip
@@ -285,14 +300,18 @@ class JobStore:
             if rank is None:
                 self._expire(now)  # new ranks are rare, and the limits must count only live ones
                 self._admit(r)
-                rank = self._ranks[key] = self._revive(key, r, now)
+                rank = self._revive(key, r, now, sender)
+                self._ranks[key] = rank
             elif r.incarnation != rank.report.incarnation:
                 if r.started < rank.report.started:
                     if r.final or r.time < rank.report.started + CONFLICT_GRACE:
                         raise Stale()  # a late report from a process that has since been replaced
                     raise Conflict(_conflict(r, rank.report))
+                _check_takeover(rank, r, sender)
+                check_growth(None, r)
                 _restart(rank)
-            elif r.seq <= rank.report.seq:
+                rank.sender = sender
+            elif _check_sender(rank, r, sender) or r.seq <= rank.report.seq:
                 if r.time > rank.report.time + CONFLICT_GRACE:
                     # a late delivery is older than what is held; a later report with a lower seq means two
                     # senders share this incarnation: say so, rather than drop the live one's in silence
@@ -301,6 +320,7 @@ class JobStore:
             else:
                 _check_seq_jump(rank.report, r)
                 _check_monotonic(rank.report, r)
+                check_growth(rank.report, r)
             rank.offsets, rank.alloc = _track_allocator(rank.offsets.naming(r), rank.alloc, r)
             rank.report = r
             rank.received = now
@@ -317,18 +337,22 @@ class JobStore:
             except Exception:  # a listener's fault is its own: the report is stored
                 log.exception("a report listener failed")
 
-    def _revive(self, key: tuple[str, int], r: Report, now: float) -> Rank:
+    def _revive(self, key: tuple[str, int], r: Report, now: float, sender: Peer | None) -> Rank:
         """A new rank, or one that went and came back: then its counters continue where they were."""
-        fresh = Rank(report=r, received=now)
+        fresh = Rank(report=r, received=now, sender=sender)
         went = self._gone.get(key)
         if went is None:
+            check_growth(None, r)
             return fresh
         old = went[1]
         if r.incarnation == old.report.incarnation:  # silent past the TTL, then back: the same process
+            _check_sender(old, r, sender)
             _check_monotonic(old.report, r)
-            fresh.offsets, fresh.alloc = old.offsets, old.alloc
+            check_growth(old.report, r)
+            fresh.offsets, fresh.alloc, fresh.sender = old.offsets, old.alloc, old.sender
             fresh.restarts, fresh.ledger = old.restarts, old.ledger
         elif r.started >= old.report.started:
+            check_growth(None, r)
             fresh.offsets, fresh.restarts = old.offsets.plus(old.report, old.alloc), old.restarts + 1
             fresh.ledger = old.ledger
         else:  # a late report of a process its successor replaced: the rank's past stays as it was
@@ -422,6 +446,33 @@ def _restart(rank: Rank) -> None:
     rank.restarts += 1
     rank.points.clear()
     rank.anchor = None
+
+
+def _check_sender(rank: Rank, r: Report, sender: Peer | None) -> bool:
+    """A report of an incarnation comes from the process that sent its first, where the kernel said which:
+    another local process that read the incarnation (GET /v1/jobs shows it) and guessed a seq cannot speak
+    for it. Returns False (raises Impostor otherwise)."""
+    held = rank.sender
+    if held is None or not held.known or held.same(sender):
+        return False
+    who = "a TCP connection" if sender is None else f"pid {sender.pid}" if sender.pid else "another process"
+    raise Impostor(
+        f"job {r.job!r} rank {r.rank}: incarnation {r.incarnation!r} is pid {held.pid}'s, and this report "
+        f"came from {who}; each process reports with an incarnation of its own"
+    )
+
+
+def _check_takeover(rank: Rank, r: Report, sender: Peer | None) -> None:
+    """A new incarnation replaces a rank's process only once that process has exited (or finished): while
+    it runs, a newcomer is a second process claiming its (job, rank), not its restart."""
+    held = rank.sender
+    if held is None or not held.known or held.same(sender) or rank.report.final or not held.alive():
+        return
+    raise Conflict(
+        f"job {r.job!r} rank {r.rank} is reported by pid {held.pid}, which is still running; this process "
+        f"(pid {r.pid}) can take the rank over once that one has exited, or report under its own job name "
+        "(Reporter(job=...) or GPUMON_JOB) or rank"
+    )
 
 
 def _same_process(a: Report, b: Report) -> bool:

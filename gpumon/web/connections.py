@@ -23,6 +23,7 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from gpumon import metrics as M
+from gpumon.web.peer import WithPeer, peer_of
 
 log = logging.getLogger(__name__)
 
@@ -141,10 +142,15 @@ def guarded(protocol_class: type[asyncio.Protocol], gate: Gate) -> type[asyncio.
         _running: Any = None  # the request being answered (httptools: pipelining puts it behind cycle)
         _head = 0  # bytes received towards the current request's head
         _dropped = False
+        app: Any  # uvicorn's: the ASGI app this connection's requests go to
 
         def connection_made(self, transport: Any) -> None:
             super().connection_made(transport)
             self._loop = asyncio.get_running_loop()
+            sock = transport.get_extra_info("socket")
+            peer = None if sock is None else peer_of(sock)
+            if peer is not None:  # the unix socket: its requests carry who connected (peer.py)
+                self.app = WithPeer(self.app, peer)
             self._arm(gate.limits.header_timeout, "header_timeout")
             gate.admit(self)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Hashable
 
+import psutil
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
 from prometheus_client import CollectorRegistry, ProcessCollector
@@ -121,7 +122,13 @@ def create_app(
     app = FastAPI(title="gpumon", version=__version__, docs_url=None, redoc_url=None)
     if training is not None:
         app.include_router(training_router(training.analysis, training.library, training.history))
-        app.add_middleware(Ingest, analysis=training.analysis, stats=training.stats, policy=training.policy)
+        app.add_middleware(
+            Ingest,
+            analysis=training.analysis,
+            stats=training.stats,
+            policy=training.policy,
+            boot=psutil.boot_time(),
+        )
     if guard is not None:  # added last, so outermost: nothing is answered before it has looked
         app.add_middleware(Access, guard=guard)
 

@@ -1,0 +1,106 @@
+"""Who is at the other end of a unix-socket connection: the kernel's word (SO_PEERCRED), not the request's.
+
+A report names its own pid; over the unix socket the kernel also says which process connected, so a local
+process cannot report as another (docs/reliability.md, "A hostile local process"). TCP gives no such word:
+a loopback connection could be any local process, and its requests carry no ``Peer``.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+# the ASGI scope key under which a unix-socket request carries its connection's Peer
+PEER_SCOPE_KEY = "gpumon.peer"
+_UCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
+
+
+@dataclass(frozen=True, slots=True)
+class Peer:
+    """A connected process as this daemon sees it. ``pid`` is 0 when the sender lives in a pid namespace
+    this daemon cannot see (a pod, with the daemon's own pod not on the host's pid namespace): then nothing
+    can be checked, and the peer is not ``known``."""
+
+    pid: int  # in this daemon's pid namespace
+    uid: int
+    start: int | None = None  # /proc/<pid>/stat starttime (clock ticks after boot): tells a reused pid apart
+    pids: tuple[int, ...] = ()  # its pid in each nested namespace, outermost first (/proc/<pid>/status NSpid)
+
+    @property
+    def known(self) -> bool:
+        return self.pid > 0 and self.start is not None
+
+    def same(self, other: Peer | None) -> bool:
+        """The same process: one pid, started at one moment."""
+        return other is not None and (self.pid, self.start) == (other.pid, other.start)
+
+    def speaks_for(self, pid: int) -> bool:
+        """Whether ``pid`` (as a report gives it, in the sender's own namespace) is this process's. A peer
+        whose namespaces cannot be read is given the benefit of the doubt."""
+        return not self.pids or pid in self.pids
+
+    def alive(self) -> bool:
+        """Still running (not exited, not a zombie awaiting its parent), and not a new process on its pid."""
+        if not self.known:
+            return False
+        state, start = _stat(self.pid)
+        return start == self.start and state not in (None, "Z", "X")
+
+
+def peer_of(sock: socket.socket) -> Peer | None:
+    """The process connected to a unix socket, or None where the kernel does not say (not AF_UNIX)."""
+    if sock.family != socket.AF_UNIX or not hasattr(socket, "SO_PEERCRED"):
+        return None
+    try:
+        pid, uid, _ = _UCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))
+    except OSError:
+        return None
+    if pid <= 0:
+        return Peer(0, uid)
+    _, start = _stat(pid)
+    return Peer(pid, uid, start, _nspids(pid))
+
+
+def _stat(pid: int) -> tuple[str | None, int | None]:
+    """The state letter and start time of ``pid`` from /proc; (None, None) once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            text = f.read().decode("ascii", "replace")
+    except OSError:
+        return None, None
+    # the command name in parentheses may hold spaces and parentheses itself: the fields follow the last ")"
+    fields = text.rpartition(")")[2].split()
+    try:
+        return fields[0], int(fields[19])
+    except (IndexError, ValueError):
+        return None, None
+
+
+def _nspids(pid: int) -> tuple[int, ...]:
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"NSpid:"):
+                    return tuple(int(x) for x in line.split()[1:])
+    except (OSError, ValueError):
+        pass
+    return ()
+
+
+class WithPeer:
+    """ASGI wrapper for one unix-socket connection: its requests carry the connection's Peer."""
+
+    def __init__(self, app: Any, peer: Peer) -> None:
+        self.app = app
+        self.peer = peer
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        await self.app({**scope, PEER_SCOPE_KEY: self.peer}, receive, send)
+
+
+def peer_in(scope: Mapping[str, Any]) -> Peer | None:
+    peer = scope.get(PEER_SCOPE_KEY)
+    return peer if isinstance(peer, Peer) else None
