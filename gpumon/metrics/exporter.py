@@ -87,3 +87,12 @@ HTTP_CONNECTIONS_CLOSED = metric(
     "KiB, answered 431), shed (idle or not reading, closed to make room at the connection limit).",
     ("reason",),
 )
+HTTP_REQUESTS_REFUSED = metric(
+    "gpumon_http_requests_refused_total",
+    "counter",
+    "Requests not served: bad_request (not HTTP, answered 400; logged at most once a minute), "
+    "passwords_busy (the basic-auth password checks waiting were at their limit, answered 503), "
+    "too_many_names (/metrics?name[] naming more series than allowed, answered 400), abandoned (the "
+    "client had gone before its password check or render began, which were then not done).",
+    ("reason",),
+)

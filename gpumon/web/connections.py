@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import resource
+import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -23,7 +24,7 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from gpumon import metrics as M
-from gpumon.web.peer import WithPeer, peer_of
+from gpumon.web.peer import Tagged, peer_of
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +34,7 @@ log = logging.getLogger(__name__)
 FD_RESERVE = 256
 DEFAULT_MAX_CONNECTIONS = 1024
 REASONS = ("header_timeout", "request_timeout", "write_timeout", "header_too_large", "shed")
+REFUSALS = ("bad_request", "passwords_busy", "too_many_names", "abandoned")
 # a request line and headers larger than this are refused (431): the header deadline bounds time, not bytes,
 # and a head streamed without an end made the parser copy a growing URL or value again and again
 MAX_HEAD_BYTES = 64 * 1024
@@ -90,6 +92,7 @@ class Gate:
         self.limits = limits
         self._open: dict[Any, None] = {}  # insertion-ordered: the newest last
         self.closed: Counter[str] = Counter()
+        self.refused: Counter[str] = Counter()  # requests not served, by REFUSALS
 
     @property
     def open(self) -> int:
@@ -128,11 +131,46 @@ class Gate:
         f[M.HTTP_CONNECTIONS_LIMIT.name].add_metric([], self.limits.max_connections)
         for reason in REASONS:
             f[M.HTTP_CONNECTIONS_CLOSED.name].add_metric([reason], self.closed[reason])
+        for reason in REFUSALS:
+            f[M.HTTP_REQUESTS_REFUSED.name].add_metric([reason], self.refused[reason])
         yield from f.values()
+
+
+class Sparse(logging.Filter):
+    """Lets through one record per ``interval`` of each message in ``messages`` (uvicorn's per-request
+    warnings: one client sending garbage wrote 4,000 lines a second), saying how many it held back."""
+
+    def __init__(self, messages: frozenset[str], interval: float = 60.0) -> None:
+        super().__init__()
+        self.messages = messages
+        self.interval = interval
+        self._last: dict[str, float] = {}
+        self._held: Counter[str] = Counter()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        msg = record.msg
+        if not isinstance(msg, str) or msg not in self.messages:
+            return True
+        now = time.monotonic()
+        if now - self._last.get(msg, float("-inf")) < self.interval:
+            self._held[msg] += 1
+            return False
+        self._last[msg] = now
+        held = self._held.pop(msg, 0)
+        if held:
+            record.msg = f"{msg} ({held} more like it not logged in the last {self.interval:g} s)"
+        return True
+
+
+# uvicorn's warnings per bad request; gpumon_http_requests_refused_total{reason="bad_request"} counts them all
+_SPARSE = Sparse(frozenset({"Invalid HTTP request received.", "Unsupported upgrade request."}))
 
 
 def guarded(protocol_class: type[asyncio.Protocol], gate: Gate) -> type[asyncio.Protocol]:
     """``protocol_class`` (uvicorn's httptools or h11 protocol) with the gate's deadlines and cap."""
+    uvicorn_log = logging.getLogger("uvicorn.error")
+    if _SPARSE not in uvicorn_log.filters:
+        uvicorn_log.addFilter(_SPARSE)
 
     class Guarded(protocol_class):  # type: ignore[valid-type,misc]
         _deadline: asyncio.TimerHandle | None = None  # for the request's head
@@ -148,9 +186,8 @@ def guarded(protocol_class: type[asyncio.Protocol], gate: Gate) -> type[asyncio.
             super().connection_made(transport)
             self._loop = asyncio.get_running_loop()
             sock = transport.get_extra_info("socket")
-            peer = None if sock is None else peer_of(sock)
-            if peer is not None:  # the unix socket: its requests carry who connected (peer.py)
-                self.app = WithPeer(self.app, peer)
+            # its requests carry whether it has closed, and over the unix socket who connected (peer.py)
+            self.app = Tagged(self.app, self.closing, None if sock is None else peer_of(sock))
             self._arm(gate.limits.header_timeout, "header_timeout")
             gate.admit(self)
 
@@ -211,6 +248,11 @@ def guarded(protocol_class: type[asyncio.Protocol], gate: Gate) -> type[asyncio.
         def resume_writing(self) -> None:
             super().resume_writing()
             self._write_deadline = _cancel(self._write_deadline)
+
+        def send_400_response(self, msg: str) -> None:
+            # uvicorn's answer to bytes that are not HTTP; it logs a warning for each (log.py limits them)
+            gate.refused["bad_request"] += 1
+            super().send_400_response(msg)
 
         def _unsupported_upgrade_warning(self) -> None:
             # uvicorn warns (twice) for every request asking for an upgrade, before any credentials are

@@ -19,6 +19,7 @@ import math
 import os
 import ssl
 import time
+from collections import Counter
 from collections.abc import Callable
 
 import bcrypt
@@ -27,6 +28,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from gpumon.client.protocol import PATH as REPORT_PATH
 from gpumon.web import webconfig
 from gpumon.web.listen import via_unix_socket
+from gpumon.web.peer import client_gone
 from gpumon.web.tls import load_certificate
 from gpumon.web.webconfig import WebConfig
 
@@ -39,9 +41,20 @@ MAX_CACHED_LOGINS = 256
 MAX_AUTHORIZATION_BYTES = 4096  # refused before decoding: nobody's user name and password are longer
 BCRYPT_MAX_PASSWORD = 72  # bcrypt reads no further; Go's (exporter-toolkit's) compares these bytes only
 BCRYPT_CONCURRENCY = 2  # checks at once: anonymous floods cannot take every core
+# checks that may wait for one of those; more are refused at once (503): a flood of wrong passwords queued
+# without bound, each check still run after its client had left, and a valid first login waited 30 s
+BCRYPT_WAITING = 16
 # a valid hash of a random password: unknown users cost one bcrypt check too, so timing does not tell
 # which user names exist
 _DUMMY_HASH = b"$2b$10$EZUfbJvXZ4AiPd0kLkz9SuzT7Dd8dFPkAWjas6pprpQKnfrkNfVg."
+
+
+class PasswordsBusy(Exception):
+    """Too many password checks are waiting: this one is refused without being made."""
+
+
+class Abandoned(Exception):
+    """The client left before its work began."""
 
 
 class Guard:
@@ -65,6 +78,7 @@ class Guard:
         self._pending: tuple[object, ...] | None = None
         self._listener = _listener_settings(config)  # what the listening socket really has, until restart
         self._bcrypt: asyncio.Semaphore | None = None  # made on the event loop, on first use
+        self._waiting = 0  # password checks waiting for or holding a slot
 
     # --- reload ---
     async def watch(self) -> None:
@@ -121,7 +135,9 @@ class Guard:
         log.info("web config %s reloaded (%d basic auth users)", new.path, len(new.users))
 
     # --- checks ---
-    async def authorized(self, authorization: bytes | None) -> bool:
+    async def authorized(self, authorization: bytes | None, gone: Callable[[], bool] = lambda: False) -> bool:
+        """Whether the credentials are valid. Raises PasswordsBusy when BCRYPT_WAITING checks are queued, and
+        Abandoned when ``gone()`` says the client left while its check waited."""
         users = self.config.users
         if not users:
             return True
@@ -140,8 +156,16 @@ class Guard:
         # a few at a time, so a flood of wrong passwords queues here instead of taking every core
         if self._bcrypt is None:
             self._bcrypt = asyncio.Semaphore(BCRYPT_CONCURRENCY)
-        async with self._bcrypt:
-            ok = await asyncio.to_thread(_check, password, stored or _DUMMY_HASH)
+        if self._waiting >= BCRYPT_WAITING + BCRYPT_CONCURRENCY:
+            raise PasswordsBusy()
+        self._waiting += 1
+        try:
+            async with self._bcrypt:
+                if gone():
+                    raise Abandoned()
+                ok = await asyncio.to_thread(_check, password, stored or _DUMMY_HASH)
+        finally:
+            self._waiting -= 1
         if ok and stored is not None:
             if len(self._logins) >= MAX_CACHED_LOGINS:
                 self._logins.clear()
@@ -166,9 +190,10 @@ class Guard:
 class Access:
     """ASGI middleware: ``Guard``'s checks on every guarded request, its headers on every response."""
 
-    def __init__(self, app: ASGIApp, guard: Guard) -> None:
+    def __init__(self, app: ASGIApp, guard: Guard, refused: Counter[str] | None = None) -> None:
         self.app = app
         self.guard = guard
+        self.refused: Counter[str] = Counter() if refused is None else refused  # the gate's, by reason
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -189,7 +214,21 @@ class Access:
             )
             return
         request_headers = dict(scope["headers"])
-        if not await guard.authorized(request_headers.get(b"authorization")):
+        try:
+            ok = await guard.authorized(request_headers.get(b"authorization"), lambda: client_gone(scope))
+        except PasswordsBusy:
+            self.refused["passwords_busy"] += 1
+            await _answer(
+                send,
+                503,
+                "busy: too many password checks are waiting (basic_auth_users); retry in a moment",
+                [(b"retry-after", b"1")],
+            )
+            return
+        except Abandoned:
+            self.refused["abandoned"] += 1
+            return  # nobody to answer
+        if not ok:
             # the node page's own requests get no challenge: a browser would answer it with a sign-in prompt
             # that a fetch waits on (forever, headless), where the page should say 401 and how to sign in
             challenge = (

@@ -1,4 +1,6 @@
-"""Who is at the other end of a unix-socket connection: the kernel's word (SO_PEERCRED), not the request's.
+"""Who is at the other end of a connection, and whether it is still there.
+
+Over the unix socket, who: the kernel's word (SO_PEERCRED), not the request's.
 
 A report names its own pid; over the unix socket the kernel also says which process connected, so a local
 process cannot report as another (docs/reliability.md, "A hostile local process"). TCP gives no such word:
@@ -9,12 +11,14 @@ from __future__ import annotations
 
 import socket
 import struct
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-# the ASGI scope key under which a unix-socket request carries its connection's Peer
+# the ASGI scope keys under which a request carries its connection's Peer (unix socket only) and a callable
+# that says whether the connection has closed
 PEER_SCOPE_KEY = "gpumon.peer"
+GONE_SCOPE_KEY = "gpumon.gone"
 _UCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
 
@@ -90,17 +94,28 @@ def _nspids(pid: int) -> tuple[int, ...]:
     return ()
 
 
-class WithPeer:
-    """ASGI wrapper for one unix-socket connection: its requests carry the connection's Peer."""
+class Tagged:
+    """ASGI wrapper for one connection: its requests carry whether their client has gone (``client_gone``),
+    and over the unix socket the connection's Peer."""
 
-    def __init__(self, app: Any, peer: Peer) -> None:
+    def __init__(self, app: Any, gone: Callable[[], bool], peer: Peer | None) -> None:
         self.app = app
-        self.peer = peer
+        self.extra: dict[str, Any] = {GONE_SCOPE_KEY: gone}
+        if peer is not None:
+            self.extra[PEER_SCOPE_KEY] = peer
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        await self.app({**scope, PEER_SCOPE_KEY: self.peer}, receive, send)
+        await self.app({**scope, **self.extra}, receive, send)
 
 
 def peer_in(scope: Mapping[str, Any]) -> Peer | None:
     peer = scope.get(PEER_SCOPE_KEY)
     return peer if isinstance(peer, Peer) else None
+
+
+def client_gone(scope: Mapping[str, Any]) -> bool:
+    """Whether the request's connection has closed (or is closing): its answer would go nowhere, so work
+    still ahead of it (a password check, a render) is not worth starting. uvicorn does not cancel a request
+    whose client left; it only notices once the answer is written."""
+    gone = scope.get(GONE_SCOPE_KEY)
+    return gone is not None and bool(gone())

@@ -29,6 +29,11 @@ from prometheus_client.metrics_core import Metric
 from gpumon.web.exposition import Renderer
 
 T = TypeVar("T")
+# series a /metrics?name[]= scrape may name (more: 400); a selection is then cheap, and cached per render
+MAX_NAMES = 256
+MAX_SELECTIONS = 32  # distinct selections kept per render
+# what prometheus_client appends to a family's name in its samples' names
+_SUFFIXES = ("_total", "_created", "_bucket", "_count", "_sum", "_gcount", "_gsum", "_info")
 GZIP_LEVEL = 1  # exposition text compresses ~10x even at level 1; higher levels cost CPU for a few percent
 
 
@@ -45,6 +50,16 @@ class Render:
     body: bytes
     families: list[Metric] = field(default_factory=list, repr=False)  # what body was written from
     gzipped: bytes | None = field(default=None, repr=False)
+    # name[] scrapes answered from this render: (names, gzipped) -> body
+    selected: dict[tuple[frozenset[str], bool], bytes] = field(default_factory=dict, repr=False)
+
+
+class TooManyNames(ValueError):
+    pass
+
+
+class Abandoned(Exception):
+    """The scraper left before its render or selection began."""
 
 
 class ScrapeCache:
@@ -70,9 +85,23 @@ class ScrapeCache:
         self._inflight: asyncio.Future[object] | None = None
         self.made = 0  # renders made, for tests and benchmarks
 
-    async def get(self, fmt: Format, *, gzipped: bool = False, names: list[str] | None = None) -> bytes:
+    async def get(
+        self,
+        fmt: Format,
+        *,
+        gzipped: bool = False,
+        names: list[str] | None = None,
+        gone: Callable[[], bool] = lambda: False,
+    ) -> bytes:
+        """Raises TooManyNames past MAX_NAMES, and Abandoned when ``gone()`` says the scraper left while it
+        waited its turn (scrapers queued behind a render and then gone took their render with them)."""
         arrived = self._clock()
+        wanted = frozenset(names or ())
+        if len(wanted) > MAX_NAMES:
+            raise TooManyNames(f"name[]: at most {MAX_NAMES} series names in one scrape, got {len(wanted)}")
         async with self._lock:
+            if gone():
+                raise Abandoned()
             leftover = self._inflight
             if leftover is not None and not leftover.done():
                 # a cancelled scraper released the lock while its render still runs: wait for that thread,
@@ -82,8 +111,14 @@ class ScrapeCache:
             if r is None or not (r.started > arrived or self._reusable(r)):
                 r = await self._run(self._make, fmt)
                 self._renders[fmt] = r
-            if names:
-                return await self._run(self._select, r, fmt, frozenset(names), gzipped)
+            if wanted:
+                body = r.selected.get((wanted, gzipped))
+                if body is None:
+                    body = await self._run(self._select, r, fmt, wanted, gzipped)
+                    if len(r.selected) >= MAX_SELECTIONS:
+                        r.selected.clear()
+                    r.selected[(wanted, gzipped)] = body
+                return body
             if not gzipped:
                 return r.body
             if r.gzipped is None:
@@ -127,11 +162,19 @@ class ScrapeCache:
         return Render(key, started, body, families)
 
     def _select(self, r: Render, fmt: Format, names: frozenset[str], gzipped: bool) -> bytes:
-        """The series named (sample names, as prometheus_client's restricted registry matches them)."""
+        """The series named (sample names, as prometheus_client's restricted registry matches them), found
+        by name: the cost grows with the names asked for, not with names x families."""
+        families = {f.name: f for f in r.families}
+        hit = {
+            family
+            for n in names
+            for family in (n, *(n[: -len(x)] for x in _SUFFIXES if n.endswith(x)))
+            if family in families
+        }
         chosen = []
         for family in r.families:
-            if not any(n.startswith(family.name) for n in names):
-                continue  # no sample of this family can be named: skip making its samples
+            if family.name not in hit:
+                continue
             samples = [s for s in family.samples if s.name in names]
             if samples:
                 part = Metric(family.name, family.documentation, family.type)

@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+import psutil
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
@@ -32,8 +33,9 @@ NAMES_A_FIELD = re.compile(
 )
 # fields checked against each other: breaking one may be reported as the other (rank against world_size)
 PEERS = {
-    "time": {"started", "updated", "anchor"},
-    "started": {"time"},
+    # time and started bound how much a report can have grown since its process started (physics.py)
+    "time": {"started", "updated", "anchor", "totals", "phases", "step_seconds", "request_seconds"},
+    "started": {"time", "totals", "phases", "step_seconds", "request_seconds"},
     "updated": {"time", "anchor"},
     "anchor": {"totals", "updated"},
     "totals": {"anchor", "step_seconds", "request_seconds"},
@@ -141,6 +143,9 @@ def valid_reports(draw: st.DrawFn, now: float) -> dict[str, Any]:
     world = draw(st.integers(1, 64))
     steps = draw(st.integers(0, 10_000))
     step_seconds = draw(st.sampled_from((0.001, 0.05, 0.1, 1.0, 30.0)))
+    # a local report's process started after this node booted (physics.check_start): a CI machine may
+    # have booted minutes ago
+    steps = min(steps, int(max(0.0, now - psutil.boot_time() - 200) / step_seconds))
     kind = draw(st.sampled_from(P.KINDS))
     data = report(
         steps,
@@ -154,7 +159,10 @@ def valid_reports(draw: st.DrawFn, now: float) -> dict[str, Any]:
         pid=draw(st.integers(1, 1 << 31)),
         tokens_per_step=draw(st.integers(0, 100_000)),
         step_seconds=step_seconds,
-        started=now - steps * step_seconds - draw(st.floats(0, 100)),
+        # a minute at least before its last step: the phases below (up to 1e4 s) fit in its wall time
+        # (the daemon allows 256 s of a phase per second: physics.MAX_THREADS)
+        started=now - steps * step_seconds - 60 - draw(st.floats(0, 100)),
+        t=now,
         dtype=draw(st.sampled_from((None, *P.DTYPES))),
         flops_per_token=draw(st.none() | st.floats(1, 1e15)),
         flops_convention=draw(st.sampled_from((None, *P.CONVENTIONS))),

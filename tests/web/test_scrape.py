@@ -14,7 +14,8 @@ import pytest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
-from gpumon.web.scrape import Format, ScrapeCache
+from gpumon.web.scrape import MAX_NAMES, Format, ScrapeCache, TooManyNames
+from gpumon.web.scrape import Abandoned as ScrapeAbandoned
 
 TEXT = Format(openmetrics=False, dots=False)
 OPENMETRICS = Format(openmetrics=True, dots=False)
@@ -193,6 +194,46 @@ def test_scrapes_that_select_series_are_cut_from_the_shared_render() -> None:
         )
 
     run(scenario())
+
+
+def test_a_selection_is_bounded_in_names_and_made_once_per_render() -> None:
+    world = World()
+    cache = world.cache()
+    made: list[frozenset[str]] = []
+    select = cache._select
+
+    def counted(r, fmt, names, gzipped):  # type: ignore[no-untyped-def]
+        made.append(names)
+        return select(r, fmt, names, gzipped)
+
+    cache._select = counted  # type: ignore[method-assign]
+
+    async def scenario() -> None:
+        names = ["gpumon_test_version", "gpumon_nothing"]
+        first = await cache.get(TEXT, names=names)
+        assert await cache.get(TEXT, names=list(reversed(names))) == first and len(made) == 1
+        assert b"gpumon_test_version" in first and b"gpumon_test_other" not in first
+        with pytest.raises(TooManyNames, match=rf"at most {MAX_NAMES} series names"):
+            await cache.get(TEXT, names=[f"gpumon_x{i}" for i in range(MAX_NAMES + 1)])
+        # the limit counts distinct names: repeating one is not a pile
+        await cache.get(TEXT, names=["gpumon_test_other"] * (MAX_NAMES + 1))
+
+    asyncio.run(scenario())
+
+
+def test_a_scraper_that_left_while_it_waited_gets_no_render() -> None:
+    world = World()
+    cache = world.cache()
+
+    async def scenario() -> None:
+        with pytest.raises(ScrapeAbandoned):
+            await cache.get(TEXT, gone=lambda: True)
+        assert cache.made == 0 and world.collected == 0
+        with pytest.raises(ScrapeAbandoned):
+            await cache.get(TEXT, names=["gpumon_test_version"], gone=lambda: True)
+        assert cache.made == 0
+
+    asyncio.run(scenario())
 
 
 @pytest.mark.parametrize("gzipped", [False, True])
