@@ -84,7 +84,8 @@ HTTP_CONNECTIONS_CLOSED = metric(
     "Connections the daemon closed by force: header_timeout (request headers not in within "
     "--header-timeout), request_timeout (the whole request not in within --request-timeout), write_timeout "
     "(the client read none of an answer for --request-timeout), header_too_large (a request head over 64 "
-    "KiB, answered 431), shed (idle or not reading, closed to make room at the connection limit).",
+    "KiB, answered 431), pipeline (more than 16 requests sent ahead of their answers), shed (idle or not "
+    "reading, closed to make room at the connection limit).",
     ("reason",),
 )
 HTTP_REQUESTS_REFUSED = metric(

@@ -33,11 +33,15 @@ log = logging.getLogger(__name__)
 # before any of them reaches the cap below
 FD_RESERVE = 256
 DEFAULT_MAX_CONNECTIONS = 1024
-REASONS = ("header_timeout", "request_timeout", "write_timeout", "header_too_large", "shed")
+REASONS = ("header_timeout", "request_timeout", "write_timeout", "header_too_large", "pipeline", "shed")
 REFUSALS = ("bad_request", "passwords_busy", "too_many_names", "abandoned")
 # a request line and headers larger than this are refused (431): the header deadline bounds time, not bytes,
 # and a head streamed without an end made the parser copy a growing URL or value again and again
 MAX_HEAD_BYTES = 64 * 1024
+# requests a connection may queue behind the one being answered (HTTP pipelining): each holds its parsed head
+# and a task to be; no scraper or SDK pipelines, and a client that sends hundreds without reading an answer
+# is closed
+MAX_PIPELINED = 16
 _TOO_LARGE = (
     b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: text/plain; charset=utf-8\r\n"
     b"connection: close\r\ncontent-length: 43\r\n\r\nrequest line and headers larger than 64 KiB\n"
@@ -209,16 +213,22 @@ def guarded(protocol_class: type[asyncio.Protocol], gate: Gate) -> type[asyncio.
             super()._start_asgi_task(cycle, app)
 
         def data_received(self, data: bytes) -> None:
-            # between requests (not the rest of a body still arriving after its answer, as after a 413)
-            heading = self.idle() and not self._reading()
+            # every byte that is not the body of the request being read belongs to a head: between requests,
+            # or pipelined behind one being answered (uvicorn reads on while it answers; such bytes went
+            # uncounted, and an endless request line grew its URL by 64 MiB). Not the rest of a body still
+            # arriving after its answer, as after a 413.
+            heading = not self._reading()
             if heading:
-                if self._request_deadline is None:
+                if self._request_deadline is None and self.idle():
                     # the first byte of a request: from here it has request_timeout in all
                     self._request_deadline = self._loop.call_later(
                         gate.limits.request_timeout, self.drop, "request_timeout"
                     )
                 self._head += len(data)
             super().data_received(data)
+            if len(getattr(self, "pipeline", ())) > MAX_PIPELINED:  # httptools queues them; h11 stops reading
+                self.drop("pipeline")
+                return
             cycle = self.cycle
             if cycle is not None and cycle is not self._current:
                 self._current = cycle  # headers complete: a new request is in
@@ -270,8 +280,11 @@ def guarded(protocol_class: type[asyncio.Protocol], gate: Gate) -> type[asyncio.
         def _refuse_head(self) -> None:
             self._dropped = True
             gate.dropped(self, "header_too_large")
-            self.transport.write(_TOO_LARGE)
-            self.transport.close()
+            if self.idle():
+                self.transport.write(_TOO_LARGE)
+                self.transport.close()
+            else:  # an answer is being written: a 431 would land in the middle of it
+                self.transport.abort()
 
         def closing(self) -> bool:
             return self._dropped or self.transport is None or self.transport.is_closing()
