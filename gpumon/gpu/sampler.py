@@ -32,6 +32,13 @@ BACKOFF_INITIAL = 1.0
 BACKOFF_MAX = 60.0
 DISCOVERY_EVERY = 30.0
 ERROR_LOG_EVERY = 300.0  # a recurring error is logged on first sight, then at most this often
+# how long a read may take, in sample intervals, while it is late rather than hung (see Sampler._late)
+# before its GPU is called hung anyway; as long as /readyz lets a sample age
+LATE_LIMIT = 3.0
+# the daemon counts as late when its sampling thread wakes this much after it asked to (its other threads
+# hold the interpreter lock: an idle daemon wakes within 0.1 ms, one behind three busy threads 2-20 ms);
+# then even a call in flight past its deadline may be the daemon's delay
+LAG_LIMIT = 0.002
 
 
 def _pids(st: GpuStatus) -> tuple[int, ...] | None:
@@ -100,6 +107,8 @@ class Sampler:
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self.last_sweep_monotonic = 0.0
+        self._late_logged = float("-inf")
+        self._lag = 0.0  # how late the sampling thread has woken this sweep (seconds)
 
     # -- lifecycle -------------------------------------------------------------------------------------
     def open(self, *, wait: bool = False) -> None:
@@ -223,6 +232,7 @@ class Sampler:
             if next_at < now:  # fell behind (a suspended VM, a stalled host): skip, don't burst
                 next_at = now
             self._stop.wait(next_at - now)
+            self._lagged(max(0.0, time.monotonic() - next_at))
 
     # -- GPUs ------------------------------------------------------------------------------------------
     def _add(self, devices: Sequence[Device]) -> None:
@@ -336,12 +346,34 @@ class Sampler:
                 )
                 finished = [w for w in pending if w.result_seq == seq]
             if not finished:  # the deadline passed
+                self._lagged(time.monotonic() - deadline)
                 break
             for w in finished:
                 pending.remove(w)
                 done[id(w)] = self._status(w, seq, True, events)
             self._publish_early([done[id(w)] for w in finished], workers)
         return done
+
+    def _late(self, w: GpuWorker) -> bool:
+        """Still reading, yet not hung: no call in flight (the worker waits for the interpreter between
+        calls), or the one in flight began in the last half deadline, or the daemon itself is late (its
+        sampling thread has woken over LAG_LIMIT late lately: its other threads hold the interpreter); and
+        the read is younger than LATE_LIMIT intervals. A call the driver holds past its deadline is a GPU
+        fault; a read made slow by the daemon's own threads is not. While the daemon is late, a hang is
+        called within LATE_LIMIT intervals rather than one deadline."""
+        if not w.busy:
+            return False
+        now = time.monotonic()
+        if now - w.started >= LATE_LIMIT * self.interval:
+            return False
+        dev = w.device
+        return dev.current_op is None or now - dev.op_started < self.timeout / 2 or self._lag > LAG_LIMIT
+
+    def _lagged(self, seconds: float) -> None:
+        """How late the sampling thread woke: remembered, fading by a tenth at each wake (about twenty
+        wakes to fall below LAG_LIMIT from 50 ms), so that prompt wakes in a congested stretch do not make
+        a late read look hung."""
+        self._lag = max(seconds, self._lag * 0.9)
 
     def _publish_early(self, fresh: list[GpuStatus], workers: list[GpuWorker]) -> None:
         prev = self._snapshot
@@ -451,6 +483,20 @@ class Sampler:
                 self._count((*label, "read", "exception"), repr(result))
                 if isinstance(result, BaseException):
                     log.error("reading GPU %d failed unexpectedly", info.index, exc_info=result)
+        elif w.busy and health.hung_op is None and self._late(w):
+            # the read goes on, late because the daemon was: the GPU keeps its last reading this sweep
+            duration = time.monotonic() - w.started
+            self._count((*label, "read", "late"), quiet=True)
+            self._say_late(info.index, duration)
+            prev = self._previous(info.uuid)
+            if prev is not None:
+                return prev
+        elif not asked and not w.busy and health.hung_op is None and health.down_reason is None:
+            # a late read of an earlier sweep that ended meanwhile: the GPU keeps its last reading, and
+            # is asked again next sweep
+            prev = self._previous(info.uuid)
+            if prev is not None:
+                return prev
         elif w.busy:
             duration = time.monotonic() - w.started
             op = dev.current_op or "read"
@@ -481,6 +527,27 @@ class Sampler:
                 info, False, None, duration, health.last_success, reason or "not sampled", health.caps
             )
         return GpuStatus(info, True, reading, duration, health.last_success, None, health.caps)
+
+    def _previous(self, uuid: str) -> GpuStatus | None:
+        """The GPU's status in the latest snapshot, if it was up then."""
+        snap = self._snapshot
+        if snap is None:
+            return None
+        return next((st for st in snap.gpus if st.info.uuid == uuid and st.up), None)
+
+    def _say_late(self, index: int, seconds: float) -> None:
+        now = time.monotonic()
+        if now - self._late_logged < 60.0:
+            return
+        self._late_logged = now
+        log.warning(
+            "GPU %d's read has taken %.2f s (deadline %.3g s) with no driver call stuck: the daemon itself "
+            "is late (its threads are busy: a flood of API requests, or too few CPUs), not the GPU; its last "
+            'reading is kept (counted as gpumon_errors_total{op="read",error="late"}; logged once a minute)',
+            index,
+            seconds,
+            self.timeout,
+        )
 
     def _mark_down(self, health: _GpuHealth, index: int, uuid: str, reason: str) -> None:
         now = self.clock()

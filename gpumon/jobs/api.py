@@ -11,11 +11,11 @@ import asyncio
 import hmac
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from fastapi import APIRouter, Response
+from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -31,7 +31,8 @@ from gpumon.jobs.jobjson import job_json
 from gpumon.jobs.physics import check_start
 from gpumon.jobs.store import Conflict, Impostor, LimitExceeded, Stale
 from gpumon.web.listen import is_loopback, via_unix_socket
-from gpumon.web.peer import peer_in
+from gpumon.web.peer import client_gone, peer_in
+from gpumon.web.shared import Abandoned, SharedDocuments
 
 
 class Reason(BaseModel):
@@ -225,30 +226,51 @@ async def _body(length: bytes | None, receive: Receive) -> bytes | None:
 
 
 def router(
-    analysis: Analysis, library: LibraryWatch | None = None, history: JobHistory | None = None
+    analysis: Analysis,
+    library: LibraryWatch | None = None,
+    history: JobHistory | None = None,
+    docs: SharedDocuments | None = None,
 ) -> APIRouter:
-    """GET /v1/jobs, /v1/jobs/{job}, /v1/history/{job} and /v1/baselines."""
+    """GET /v1/jobs, /v1/jobs/{job}, /v1/history/{job} and /v1/baselines. ``docs``: where the job documents
+    are built, one at a time and shared (web/shared.py); without it each request builds its own."""
     api = APIRouter()
+
+    async def shared(request: Request, key: Hashable, build: Callable[[], tuple[int, bytes]]) -> Response:
+        if docs is None:
+            status, body = await asyncio.to_thread(build)
+        else:
+            try:
+                status, body = await docs.get(key, build, lambda: client_gone(request.scope))
+            except Abandoned:
+                return Response(status_code=499)  # written to nobody: uvicorn drops it
+        return Response(body, status_code=status, media_type="application/json")
+
+    def _json(doc: object, status: int = 200) -> tuple[int, bytes]:
+        return status, bytes(JSONResponse(doc).body)
 
     @api.get(
         "/v1/jobs",
         summary="Jobs reporting to this node: rates, MFU, verdict (detail=true: each job's full document)",
+        response_class=JSONResponse,
     )
-    def jobs(detail: bool = False) -> Response:
-        out = []
-        for j in analysis.jobs():
-            entry: dict[str, Any] = {
-                "job": j.job,
-                "ranks_on_node": len(j.ranks),
-                "tokens_per_second": j.tokens_per_second,
-                "mfu": j.mfu,
-                "bottleneck": j.verdict.bottleneck,
-                "summary": j.verdict.summary,
-            }
-            if detail:  # what /v1/jobs/{job} answers, for every job in one request (the node page)
-                entry["detail"] = _job_document(j)
-            out.append(entry)
-        return JSONResponse({"window_seconds": analysis.window, "jobs": out})
+    async def jobs(request: Request, detail: bool = False) -> Response:
+        def build() -> tuple[int, bytes]:
+            out = []
+            for j in analysis.jobs():
+                entry: dict[str, Any] = {
+                    "job": j.job,
+                    "ranks_on_node": len(j.ranks),
+                    "tokens_per_second": j.tokens_per_second,
+                    "mfu": j.mfu,
+                    "bottleneck": j.verdict.bottleneck,
+                    "summary": j.verdict.summary,
+                }
+                if detail:  # what /v1/jobs/{job} answers, for every job in one request (the node page)
+                    entry["detail"] = _job_document(j)
+                out.append(entry)
+            return _json({"window_seconds": analysis.window, "jobs": out})
+
+        return await shared(request, ("jobs", detail), build)
 
     def _job_document(found: Any) -> dict[str, Any]:
         doc = job_json(found, analysis.window)
@@ -260,15 +282,17 @@ def router(
         "/v1/jobs/{job:path}",
         summary="One job: every rank's figures, its GPUs, the diagnosis and evidence",
         responses=NOT_FOUND,
+        response_class=JSONResponse,
     )
-    def job(job: str) -> Response:
-        found = analysis.jobs(only=job)
-        if found:
-            return JSONResponse(_job_document(found[0]))
-        return JSONResponse(
-            {"detail": f"no job {reports.show(job)} reports to this node (GET /v1/jobs lists those that do)"},
-            status_code=404,
-        )
+    async def job(request: Request, job: str) -> Response:
+        def build() -> tuple[int, bytes]:
+            found = analysis.jobs(only=job)
+            if found:
+                return _json(_job_document(found[0]))
+            why = f"no job {reports.show(job)} reports to this node (GET /v1/jobs lists those that do)"
+            return _json({"detail": why}, 404)
+
+        return await shared(request, ("job", job), build)
 
     if history is not None:
 

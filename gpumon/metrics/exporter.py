@@ -62,7 +62,8 @@ ERRORS = metric(
     "gpumon_errors_total",
     "counter",
     "Failed operations by GPU, NVML call and error kind "
-    "(an NVML error name, deadline_exceeded for a call that hung past its deadline, or exception).",
+    "(an NVML error name, deadline_exceeded for a call that hung past its deadline, late for a read slowed "
+    "by the daemon itself (op=read; the GPU keeps its last reading), or exception).",
     ("gpu", "uuid", "op", "error"),
 )
 HTTP_CONNECTIONS = metric(

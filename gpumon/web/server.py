@@ -25,6 +25,7 @@ from gpumon.web.connections import Gate
 from gpumon.web.guard import Access, Guard
 from gpumon.web.peer import client_gone
 from gpumon.web.scrape import MAX_NAMES, Abandoned, Format, ScrapeCache, TooManyNames
+from gpumon.web.shared import SharedDocuments
 
 TEXT_0_0_4 = "text/plain; version=0.0.4; charset=utf-8"
 _ESCAPING = re.compile(r"escaping=([\w-]+)")
@@ -124,8 +125,13 @@ def create_app(
     app = FastAPI(title="gpumon", version=__version__, docs_url=None, redoc_url=None)
     # requests not served, by reason (exported by the gate; counted here when there is none, as in tests)
     refused: Counter[str] = connections.refused if connections is not None else Counter()
+
+    def state() -> tuple[Hashable, ...]:
+        return (source(), None if training is None else training.state())
+
     if training is not None:
-        app.include_router(training_router(training.analysis, training.library, training.history))
+        docs = SharedDocuments(state, max_age=max_age)
+        app.include_router(training_router(training.analysis, training.library, training.history, docs))
         app.add_middleware(
             Ingest,
             analysis=training.analysis,
@@ -135,9 +141,6 @@ def create_app(
         )
     if guard is not None:  # added last, so outermost: nothing is answered before it has looked
         app.add_middleware(Access, guard=guard, refused=refused)
-
-    def state() -> tuple[Hashable, ...]:
-        return (source(), None if training is None else training.state())
 
     scrapes = ScrapeCache(registry.collect, state, max_age=max_age)
 

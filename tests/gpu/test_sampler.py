@@ -99,6 +99,59 @@ def test_a_hung_call_misses_the_deadline_without_stalling_the_others(sims, sampl
         assert time.monotonic() < deadline, "the GPU did not come back after its call returned"
 
 
+class _Hogs:
+    """Threads that hold the interpreter lock in pure Python, as the daemon's own request threads did when
+    sixteen clients looped on a 1 MB job list (issue 30 item 4)."""
+
+    def __init__(self, n: int) -> None:
+        self.stop = threading.Event()
+        self.threads = [threading.Thread(target=self._spin, daemon=True) for _ in range(n)]
+
+    def _spin(self) -> None:
+        while not self.stop.is_set():
+            sum(i * i for i in range(20_000))
+
+    def __enter__(self) -> _Hogs:
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join()
+
+
+def test_a_read_made_late_by_the_daemons_own_threads_is_not_a_gpu_fault(sims, samplers) -> None:
+    """The break: a read slowed by the daemon's other threads missed its deadline and healthy GPUs were
+    reported down (a false critical page). The daemon now measures its own lateness (how late its sampling
+    thread wakes) and calls such a read late: the GPU keeps its last reading, counted error="late"."""
+    sim = sims("4xH100-SXM", static=True)
+    sampler = samplers(sim, interval=1.0, timeout=0.02)
+    sampler.sweep()
+    with _Hogs(3):
+        snaps = [sampler.sweep() for _ in range(8)]
+    assert all(up(s) == [True] * 4 for s in snaps), [up(s) for s in snaps]
+    errors = snaps[-1].errors
+    assert not [k for k in errors if k[3] == "deadline_exceeded"], errors
+    late = [k for k in errors if k[2:] == ("read", "late")]
+    assert late, f"the deadlines were met after all, so this test proves nothing: {dict(errors)}"
+
+
+def test_a_hang_while_the_daemon_is_late_is_still_called_within_the_late_limit(sims, samplers) -> None:
+    sim = sims("2xH100-SXM", static=True)
+    sampler = samplers(sim, interval=0.2, timeout=0.02)
+    sampler.sweep()
+    sim.faults.add("hang:1:nvmlDeviceGetUtilizationRates")
+    with _Hogs(3):
+        end = time.monotonic() + 10
+        while (snap := sampler.sweep()).gpus[1].up:
+            assert time.monotonic() < end, "a hung GPU was never called down"
+            time.sleep(0.02)
+    assert snap.gpus[1].down_reason == "nvmlDeviceGetUtilizationRates exceeded its deadline"
+    assert snap.gpus[0].up
+
+
 def test_each_gpu_is_published_as_soon_as_it_is_read(sims, samplers) -> None:
     """A scrape during a sweep sees a GPU's new reading once that GPU is read, not after the slowest GPU;
     listeners (the training flow) still get one snapshot per sweep, the complete one."""
