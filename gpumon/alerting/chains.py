@@ -17,7 +17,12 @@ at its own evaluation time, as on Prometheus. A reference stays as it is where i
 - to a series recorded by a group with its own ``interval`` (the seven-day median, every five minutes):
   recomputing it at every evaluation of the reader would cost what the slow interval saves;
 - to a series whose recording reads itself (``instance:gpumon_node:info`` remembers a node's name while its
-  target is down): its value is its own history.
+  target is down): its value is its own history;
+- to a series whose rule sets ``labels:`` (they are the series', not the expression's), or whose name has
+  no colon (such a word may also be a label name in ``by (...)`` or an exponent's digits).
+
+Written-out expressions grow with the chains; VictoriaMetrics refuses a query over 16 KiB
+(``-search.maxQueryLen``), which tests/deploy/test_chains.py holds the generated rules under.
 """
 
 from __future__ import annotations
@@ -53,17 +58,20 @@ def _references(expr: str) -> list[tuple[int, int, str, bool]]:
 def _definitions(groups: list[Group]) -> dict[str, str]:
     """The recorded names that can be written out, with their expressions (see the module's docstring)."""
     exprs: dict[str, list[str]] = {}
-    slow: set[str] = set()
+    kept: set[str] = set()
     for group in groups:
         for rule in group.get("rules", []):
             if "record" in rule:
                 exprs.setdefault(rule["record"], []).append(str(rule["expr"]))
-                if group.get("interval"):
-                    slow.add(rule["record"])
+                # a slow group's, or one whose rule sets labels (the series carries them; the expression
+                # would not), or a name without a colon (one could also be a label name or an exponent:
+                # recorded names are level:metric:operations by convention, and gpumon's all are)
+                if group.get("interval") or rule.get("labels") or ":" not in rule["record"]:
+                    kept.add(rule["record"])
     out = {}
     for name, found in exprs.items():
         # a name recorded twice is the union of both rules' series: no one expression stands for it
-        if len(found) != 1 or name in slow:
+        if len(found) != 1 or name in kept:
             continue
         if any(ref == name for _, _, ref, _ in _references(found[0])):
             continue

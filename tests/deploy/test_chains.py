@@ -73,6 +73,32 @@ def test_strings_comments_and_twice_recorded_names_are_left_alone() -> None:
     assert _exprs(inline_records(groups))[3] == _exprs(groups)[3]
 
 
+def test_records_with_labels_or_without_a_colon_stay_references() -> None:
+    """Found by review: a record's labels: were lost when it was written out (an alert lost team="ml", a
+    join on it never matched), and a colon-less record name was also replaced inside by (...) and 1e5."""
+    groups = [
+        _group(
+            {"record": "job:x:sum", "expr": "sum by (job) (x)", "labels": {"team": "ml"}},
+            {"record": "busy", "expr": "sum(x)"},
+            {"alert": "A", "expr": "job:x:sum > 1"},
+            {"alert": "B", "expr": "sum by (busy) (y) > 1e5 and busy > 0"},
+        )
+    ]
+    assert _exprs(inline_records(groups))[2:] == ["job:x:sum > 1", "sum by (busy) (y) > 1e5 and busy > 0"]
+
+
+def test_every_written_out_expression_fits_victoriametrics_query_limit() -> None:
+    """vmalert sends each expression as a query; VictoriaMetrics refuses one over -search.maxQueryLen (16 KiB
+    by default). The written-out chains grow with their depth: the largest is held under the limit."""
+    longest = max(
+        (len(str(r["expr"])), r.get("alert") or r.get("record"))
+        for text in alerting.render_vmalert().values()
+        for g in yaml.safe_load(text)["groups"]
+        for r in g["rules"]
+    )
+    assert longest[0] < 16 * 1024, longest
+
+
 def test_a_cycle_is_refused_with_its_path() -> None:
     groups = [_group({"record": "a:p", "expr": "a:q + 1"}, {"record": "a:q", "expr": "a:p + 1"})]
     with pytest.raises(TranslationError, match="cycle: a:p -> a:q -> a:p"):
