@@ -278,7 +278,8 @@ def _gate(settings: Settings) -> Gate:
     from gpumon.web.connections import Gate, Limits, connection_cap, raise_fd_limit
 
     fds = raise_fd_limit()
-    cap = connection_cap(settings.max_connections, fds)
+    lanes = 2 if settings.ingest and settings.ingest_socket else 1  # the unix socket has a lane of its own
+    cap = connection_cap(settings.max_connections, fds, lanes)
     if cap < settings.max_connections:
         log.info(
             "at most %d open connections (--max-connections %d lowered: the fd limit is %d; raise it with "
@@ -287,7 +288,13 @@ def _gate(settings: Settings) -> Gate:
             settings.max_connections,
             fds,
         )
-    return Gate(Limits(settings.header_timeout, settings.request_timeout, max_connections=cap))
+    limits = Limits(
+        settings.header_timeout,
+        settings.request_timeout,
+        max_connections=cap,
+        max_unix_connections=cap if lanes == 2 else 0,
+    )
+    return Gate(limits)
 
 
 def _uvicorn_config(app: Any, gate: Gate) -> uvicorn.Config:
@@ -310,7 +317,7 @@ def _uvicorn_config(app: Any, gate: Gate) -> uvicorn.Config:
         timeout_keep_alive=gate.limits.keep_alive,  # type: ignore[arg-type]  # a float works; int is its hint
     )
     config.load()
-    # deadlines and the connection cap (connections.py); one gate for the TCP and unix listeners alike
+    # deadlines and the connection caps (connections.py): one gate, a lane for each of TCP and unix
     config.http_protocol_class = guarded(config.http_protocol_class, gate)
     return config
 

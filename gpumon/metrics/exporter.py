@@ -75,8 +75,9 @@ HTTP_CONNECTIONS = metric(
 HTTP_CONNECTIONS_LIMIT = metric(
     "gpumon_http_connections_limit",
     "gauge",
-    "Open connections allowed (--max-connections, lowered to leave the daemon file descriptors of its own); "
-    "past it the newest idle connection is closed.",
+    "Open connections allowed: --max-connections on the TCP listener, as many again on the unix ingest "
+    "socket, each apart (lowered to leave the daemon file descriptors of its own); past a listener's cap "
+    "its newest idle connection is closed, else the one slowest to send its request.",
     (),
 )
 HTTP_CONNECTIONS_CLOSED = metric(

@@ -17,8 +17,9 @@ import logging
 import resource
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from socket import AF_UNIX
 from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -53,7 +54,16 @@ class Limits:
     header_timeout: float = 10.0  # request line and headers, from connect or from the previous response
     request_timeout: float = 30.0  # a whole request: headers and body, from its first byte
     keep_alive: float = 5.0  # silence allowed after a response before the connection is closed
-    max_connections: int = DEFAULT_MAX_CONNECTIONS
+    max_connections: int = DEFAULT_MAX_CONNECTIONS  # on the TCP listener
+    # on the unix ingest socket, apart: network clients cannot take the ranks' places, nor ranks theirs
+    # (0 without one)
+    max_unix_connections: int = 0
+
+
+# A connection still receiving its request this long is slow (a report arrives in milliseconds; a scraper's
+# request is one packet): at the cap it is closed to let a newcomer in, the longest-reading first, rather
+# than turn away a probe or a rank behind a thousand stalled bodies
+SLOW_READ = 1.0
 
 
 def raise_fd_limit() -> int:
@@ -83,41 +93,58 @@ def _family(m: M.Metric) -> CounterMetricFamily | GaugeMetricFamily:
     return kind(m.name, m.help, labels=m.labels)
 
 
-def connection_cap(wanted: int, fd_limit: int) -> int:
-    """``wanted``, lowered so that open connections can never take the fds the daemon itself needs."""
-    return max(1, min(wanted, fd_limit - FD_RESERVE))
+def connection_cap(wanted: int, fd_limit: int, lanes: int = 1) -> int:
+    """``wanted`` per lane, lowered so that the open connections of every lane together can never take the
+    fds the daemon itself needs."""
+    return max(1, min(wanted, (fd_limit - FD_RESERVE) // lanes))
 
 
 class Gate:
     """The open HTTP connections of every listener (TCP and unix share the fd table), oldest first, and what
     was closed by force, by reason."""
 
-    def __init__(self, limits: Limits) -> None:
+    def __init__(self, limits: Limits, clock: Callable[[], float] = time.monotonic) -> None:
         self.limits = limits
-        self._open: dict[Any, None] = {}  # insertion-ordered: the newest last
+        self.clock = clock
+        # per lane (TCP, unix), insertion-ordered: the newest last
+        self._open: dict[bool, dict[Any, None]] = {False: {}, True: {}}
         self.closed: Counter[str] = Counter()
         self.refused: Counter[str] = Counter()  # requests not served, by REFUSALS
 
     @property
     def open(self) -> int:
-        return len(self._open)
+        return sum(len(lane) for lane in self._open.values())
+
+    def cap(self, unix: bool) -> int:
+        return self.limits.max_unix_connections if unix else self.limits.max_connections
 
     def admit(self, conn: Any) -> None:
-        self._open[conn] = None
-        while len(self._open) > self.limits.max_connections:
-            # the newest idle one (or one whose peer stopped reading our answer): the oldest are nearest
-            # their deadline anyway, and a connection that has already been served (a scraper's keep-alive)
-            # has shown it is a client; a flood is recent. With every other connection busy answering a
-            # request, the newcomer is the one turned away.
-            victim = next(
-                (c for c in reversed(self._open) if c is not conn and c.sheddable() and not c.closing()), conn
-            )
+        lane = self._open[bool(conn.unix)]
+        lane[conn] = None
+        while len(lane) > self.cap(bool(conn.unix)):
+            victim = self._victim(lane, conn)
             victim.drop("shed")  # releases it: each turn of this loop frees a place
             if victim is conn:
                 return
 
+    def _victim(self, lane: dict[Any, None], conn: Any) -> Any:
+        """Which connection of a full lane goes. The newest idle one (or one whose peer stopped reading our
+        answer): the oldest are nearest their deadline anyway, and a connection that has already been served
+        (a scraper's keep-alive) has shown it is a client; a flood is recent. Else the one that has been
+        receiving its request longest, if for over SLOW_READ (a stalled body or head). With every other
+        connection answering a request, the newcomer is the one turned away."""
+        others = [c for c in lane if c is not conn and not c.closing()]
+        idle = next((c for c in reversed(others) if c.sheddable()), None)
+        if idle is not None:
+            return idle
+        now = self.clock()
+        reading = [(c.reading_since(), c) for c in others]
+        slow = [(since, c) for since, c in reading if since is not None and now - since >= SLOW_READ]
+        return min(slow, key=lambda x: x[0])[1] if slow else conn
+
     def release(self, conn: Any) -> None:
-        self._open.pop(conn, None)
+        for lane in self._open.values():
+            lane.pop(conn, None)
 
     def dropped(self, conn: Any, reason: str) -> None:
         """``conn`` is being closed by force: released now, not when asyncio reports the loss (its fd is
@@ -132,7 +159,9 @@ class Gate:
     def collect(self) -> Iterator[Metric]:
         f = {m.name: _family(m) for m in M.SERVING}
         f[M.HTTP_CONNECTIONS.name].add_metric([], self.open)
-        f[M.HTTP_CONNECTIONS_LIMIT.name].add_metric([], self.limits.max_connections)
+        f[M.HTTP_CONNECTIONS_LIMIT.name].add_metric(
+            [], self.limits.max_connections + self.limits.max_unix_connections
+        )
         for reason in REASONS:
             f[M.HTTP_CONNECTIONS_CLOSED.name].add_metric([reason], self.closed[reason])
         for reason in REFUSALS:
@@ -184,12 +213,15 @@ def guarded(protocol_class: type[asyncio.Protocol], gate: Gate) -> type[asyncio.
         _running: Any = None  # the request being answered (httptools: pipelining puts it behind cycle)
         _head = 0  # bytes received towards the current request's head
         _dropped = False
+        _began = 0.0  # gate clock: when the request being received began to arrive
+        unix = False  # on the unix ingest socket (its own lane)
         app: Any  # uvicorn's: the ASGI app this connection's requests go to
 
         def connection_made(self, transport: Any) -> None:
             super().connection_made(transport)
             self._loop = asyncio.get_running_loop()
             sock = transport.get_extra_info("socket")
+            self.unix = sock is not None and sock.family == AF_UNIX
             # its requests carry whether it has closed, and over the unix socket who connected (peer.py)
             self.app = Tagged(self.app, self.closing, None if sock is None else peer_of(sock))
             self._arm(gate.limits.header_timeout, "header_timeout")
@@ -224,6 +256,7 @@ def guarded(protocol_class: type[asyncio.Protocol], gate: Gate) -> type[asyncio.
                     self._request_deadline = self._loop.call_later(
                         gate.limits.request_timeout, self.drop, "request_timeout"
                     )
+                    self._began = gate.clock()
                 self._head += len(data)
             super().data_received(data)
             if len(getattr(self, "pipeline", ())) > MAX_PIPELINED:  # httptools queues them; h11 stops reading
@@ -268,6 +301,11 @@ def guarded(protocol_class: type[asyncio.Protocol], gate: Gate) -> type[asyncio.
             # uvicorn warns (twice) for every request asking for an upgrade, before any credentials are
             # checked: a flood of them would flood the log. gpumon upgrades nothing; the request is answered.
             log.debug("ignoring an upgrade request from %s", self.client)
+
+        def reading_since(self) -> float | None:
+            """When the request it is still receiving (head or body) began to arrive; None when it is
+            not receiving one."""
+            return self._began if self._request_deadline is not None else None
 
         def idle(self) -> bool:
             """Waiting for a request: none yet, or the last one answered (uvicorn's own test at shutdown)."""

@@ -4,29 +4,40 @@ from __future__ import annotations
 
 import contextlib
 import http.client
+import json
+import os
 import re
 import resource
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import httpx
 import pytest
 from support.helpers import Daemon, start_daemon
+from support.reports import now_report
 
+from gpumon.client import protocol as P
 from gpumon.config import ConfigError, resolve
-from gpumon.web.connections import FD_RESERVE, Gate, Limits, connection_cap
+from gpumon.web.connections import FD_RESERVE, SLOW_READ, Gate, Limits, connection_cap
 
 # --- the gate, alone ------------------------------------------------------------------------------
 
 
 class FakeConn:
-    def __init__(self, name: str, *, idle: bool = True) -> None:
+    def __init__(
+        self, name: str, *, idle: bool = True, unix: bool = False, reading_since: float | None = None
+    ) -> None:
         self.name, self._idle, self.dropped = name, idle, ""
+        self.unix = unix
+        self._since = reading_since
+
+    def reading_since(self) -> float | None:
+        return self._since
 
     def idle(self) -> bool:
         return self._idle
@@ -42,13 +53,14 @@ class FakeConn:
         gate.dropped(self, reason)
 
 
-gate = Gate(Limits(max_connections=3))
+NOW = 1000.0
+gate = Gate(Limits(max_connections=3, max_unix_connections=2), clock=lambda: NOW)
 
 
 @pytest.fixture(autouse=True)
 def fresh_gate() -> Iterator[None]:
     global gate
-    gate = Gate(Limits(max_connections=3))
+    gate = Gate(Limits(max_connections=3, max_unix_connections=2), clock=lambda: NOW)
     yield
 
 
@@ -70,6 +82,37 @@ def test_with_every_other_connection_busy_the_newcomer_is_turned_away() -> None:
     gate.admit(comer)
     assert comer.dropped == "shed" and not any(c.dropped for c in conns)
     assert gate.open == 3
+
+
+def test_a_connection_slow_to_send_its_request_makes_room_for_a_newcomer() -> None:
+    """Probes and ranks behind stalled bodies (issue 30 item 3): past the cap with no idle connection, the
+    one that has been receiving its request longest (over SLOW_READ) goes, not the newcomer."""
+    answering = FakeConn("answering", idle=False)
+    slow = FakeConn("slow", idle=False, reading_since=NOW - 5.0)
+    slower = FakeConn("slower", idle=False, reading_since=NOW - 9.0)
+    for c in (answering, slow, slower):
+        gate.admit(c)
+    probe = FakeConn("probe", idle=False, reading_since=NOW)
+    gate.admit(probe)
+    assert (answering.dropped, slow.dropped, slower.dropped, probe.dropped) == ("", "", "shed", "")
+    just = FakeConn("just started", idle=False, reading_since=NOW - 0.5)  # not slow yet: kept
+    gate.release(slow)
+    gate.admit(just)
+    gate.admit(FakeConn("another"))
+    assert just.dropped == "" and probe.dropped == ""
+
+
+def test_the_unix_socket_has_a_lane_of_its_own() -> None:
+    tcp = [FakeConn(f"t{i}", idle=False) for i in range(3)]
+    for c in tcp:
+        gate.admit(c)
+    ranks = [FakeConn(f"u{i}", idle=False, unix=True) for i in range(2)]
+    for c in ranks:
+        gate.admit(c)
+    assert not any(c.dropped for c in tcp + ranks) and gate.open == 5
+    third = FakeConn("u2", idle=False, unix=True)
+    gate.admit(third)
+    assert third.dropped == "shed" and not any(c.dropped for c in tcp)
 
 
 def test_the_cap_leaves_the_daemon_fds_of_its_own() -> None:
@@ -464,3 +507,75 @@ def test_a_pipeline_deeper_than_any_client_sends_is_closed(patient: Daemon) -> N
         took = _closed_by_peer(sock, within=10.0)
     assert took is not None
     assert _closed_total(patient, "pipeline", at_least=before + 1) >= before + 1
+
+
+@pytest.fixture(scope="module")
+def lanes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Daemon, str]]:
+    path = str(tmp_path_factory.mktemp("lanes") / "ingest.sock")
+    d = start_daemon("--simulate", "1xH100-SXM", "--max-connections", "64", "--ingest-socket", path)
+    yield d, path
+    d.stop()
+
+
+_STALLED = (
+    b"POST /v1/report HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 2000\r\n\r\n{"
+)
+
+
+def _stall(connect: Callable[[], socket.socket], n: int) -> list[socket.socket]:
+    """``n`` connections that each start a report and never finish its body (the SDK's 2 KB in one send)."""
+    held = []
+    for _ in range(n):
+        s = connect()
+        s.sendall(_STALLED)
+        held.append(s)
+    time.sleep(SLOW_READ + 0.2)  # slow by now
+    return held
+
+
+def _unix_connect(path: str) -> Callable[[], socket.socket]:
+    def connect() -> socket.socket:
+        s = socket.socket(socket.AF_UNIX)
+        s.connect(path)
+        return s
+
+    return connect
+
+
+def _probe(d: Daemon) -> float:
+    start = time.monotonic()
+    with httpx.Client(base_url=d.url, timeout=5) as c:
+        assert c.get("/healthz").status_code == 200
+    return time.monotonic() - start
+
+
+def _rank_report(path: str) -> float:
+    start = time.monotonic()
+    with httpx.Client(transport=httpx.HTTPTransport(uds=path), base_url="http://gpumon", timeout=5) as c:
+        body = json.dumps(now_report(5, job="lane", pid=os.getpid())).encode()
+        r = c.post(P.PATH, content=body)
+        assert r.status_code == 204, r.text
+    return time.monotonic() - start
+
+
+def test_probes_and_ranks_keep_their_lanes_behind_stalled_bodies(lanes: tuple[Daemon, str]) -> None:
+    """The break: 1,030 connections each starting a report and stalling its body stayed busy 5 s apiece; TCP
+    and the unix socket shared one cap, so probes and every rank were turned away. Now each listener has
+    its own cap, and at a full cap the connection that has been receiving its request longest makes room."""
+    d, path = lanes
+    held = _stall(lambda: socket.create_connection(_addr(d)), 80)  # past the TCP cap of 64
+    try:
+        probes = [_probe(d) for _ in range(10)]
+        assert max(probes) < 0.25, probes
+        assert _rank_report(path) < 0.25  # the unix lane is apart
+    finally:
+        for s in held:
+            s.close()
+    held = _stall(_unix_connect(path), 80)  # past the unix cap of 64: a rank still gets in
+    try:
+        reports = [_rank_report(path) for _ in range(5)]
+        assert max(reports) < 0.25, reports
+        assert _probe(d) < 0.25
+    finally:
+        for s in held:
+            s.close()
