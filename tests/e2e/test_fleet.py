@@ -882,8 +882,11 @@ def test_on_victoria_killed_ranks_stop_counting_and_moving_raises_nothing(run: R
     moved = [a for name in names for a in victoria.alerts_in(killed, run.ended, name=name, state="firing")]
     assert moved == [], moved
     # VictoriaMetrics 1.79 makes a new series (a moved rank's) searchable a few seconds after its first
-    # samples, so a ratio of an old series to a new one can read wrong for an evaluation or two: pending,
-    # never for as long as a for: (docs/deploy.md, "VictoriaMetrics")
+    # samples, so a ratio of an old series to a new one can read wrong for a few evaluations: pending, for
+    # up to SHORT seconds in two full-suite runs of three on this 2-core machine (2026-11-28; alone, less),
+    # which the shortened for: of this test then reaches, and the shipped for: (minutes) never does
+    # (docs/deploy.md, "VictoriaMetrics"). Nothing may fire (above); a pending longer than twice the lag
+    # seen is a defect
     pending = {
         _show(labels): round(max(ts) - min(ts), 1)
         for labels, times in victoria.alerts
@@ -891,7 +894,7 @@ def test_on_victoria_killed_ranks_stop_counting_and_moving_raises_nothing(run: R
         and labels.get("alertstate") == "pending"
         and (ts := [t for t in times if t >= killed])
     }
-    assert all(span < SHORT for span in pending.values()), pending
+    assert all(span <= 2 * SHORT for span in pending.values()), pending
 
 
 def test_on_victoria_a_restart_across_nodes_is_accounted(run: Run, victoria: Seen) -> None:
