@@ -31,8 +31,8 @@ from gpumon.jobs.jobjson import job_json
 from gpumon.jobs.physics import check_start
 from gpumon.jobs.store import Conflict, Impostor, LimitExceeded, Stale
 from gpumon.web.listen import is_loopback, via_unix_socket
-from gpumon.web.peer import client_gone, peer_in
-from gpumon.web.shared import Abandoned, SharedDocuments
+from gpumon.web.peer import Abandoned, client_gone, peer_in
+from gpumon.web.shared import SharedDocuments
 
 
 class Reason(BaseModel):

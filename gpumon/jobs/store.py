@@ -311,13 +311,15 @@ class JobStore:
                 check_growth(None, r)
                 _restart(rank)
                 rank.sender = sender
-            elif _check_sender(rank, r, sender) or r.seq <= rank.report.seq:
-                if r.time > rank.report.time + CONFLICT_GRACE:
-                    # a late delivery is older than what is held; a later report with a lower seq means two
-                    # senders share this incarnation: say so, rather than drop the live one's in silence
-                    raise Conflict(_shared_incarnation(r, rank.report))
-                raise Stale()
             else:
+                _check_sender(rank, r, sender)  # before the seq: another process's report is no duplicate
+                if r.seq <= rank.report.seq:
+                    if r.time > rank.report.time + CONFLICT_GRACE:
+                        # a late delivery is older than what is held; a later report with a lower seq
+                        # means two senders share this incarnation: say so, rather than drop the live
+                        # one's in silence
+                        raise Conflict(_shared_incarnation(r, rank.report))
+                    raise Stale()
                 _check_seq_jump(rank.report, r)
                 _check_monotonic(rank.report, r)
                 check_growth(rank.report, r)
@@ -448,13 +450,13 @@ def _restart(rank: Rank) -> None:
     rank.anchor = None
 
 
-def _check_sender(rank: Rank, r: Report, sender: Peer | None) -> bool:
+def _check_sender(rank: Rank, r: Report, sender: Peer | None) -> None:
     """A report of an incarnation comes from the process that sent its first, where the kernel said which:
     another local process that read the incarnation (GET /v1/jobs shows it) and guessed a seq cannot speak
-    for it. Returns False (raises Impostor otherwise)."""
+    for it."""
     held = rank.sender
     if held is None or not held.known or held.same(sender):
-        return False
+        return
     who = "a TCP connection" if sender is None else f"pid {sender.pid}" if sender.pid else "another process"
     raise Impostor(
         f"job {r.job!r} rank {r.rank}: incarnation {r.incarnation!r} is pid {held.pid}'s, and this report "

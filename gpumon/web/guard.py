@@ -28,7 +28,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from gpumon.client.protocol import PATH as REPORT_PATH
 from gpumon.web import webconfig
 from gpumon.web.listen import via_unix_socket
-from gpumon.web.peer import client_gone
+from gpumon.web.peer import Abandoned, client_gone
 from gpumon.web.tls import load_certificate
 from gpumon.web.webconfig import WebConfig
 
@@ -51,10 +51,6 @@ _DUMMY_HASH = b"$2b$10$EZUfbJvXZ4AiPd0kLkz9SuzT7Dd8dFPkAWjas6pprpQKnfrkNfVg."
 
 class PasswordsBusy(Exception):
     """Too many password checks are waiting: this one is refused without being made."""
-
-
-class Abandoned(Exception):
-    """The client left before its work began."""
 
 
 class Guard:

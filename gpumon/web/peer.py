@@ -113,6 +113,10 @@ def peer_in(scope: Mapping[str, Any]) -> Peer | None:
     return peer if isinstance(peer, Peer) else None
 
 
+class Abandoned(Exception):
+    """The client left before its work (a password check, a render, a document) began: not done."""
+
+
 def client_gone(scope: Mapping[str, Any]) -> bool:
     """Whether the request's connection has closed (or is closing): its answer would go nowhere, so work
     still ahead of it (a password check, a render) is not worth starting. uvicorn does not cancel a request

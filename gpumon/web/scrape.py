@@ -27,6 +27,7 @@ from typing import TypeVar
 from prometheus_client.metrics_core import Metric
 
 from gpumon.web.exposition import Renderer
+from gpumon.web.peer import Abandoned
 
 T = TypeVar("T")
 # series a /metrics?name[]= scrape may name (more: 400); a selection is then cheap, and cached per render
@@ -56,10 +57,6 @@ class Render:
 
 class TooManyNames(ValueError):
     pass
-
-
-class Abandoned(Exception):
-    """The scraper left before its render or selection began."""
 
 
 class ScrapeCache:

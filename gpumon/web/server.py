@@ -23,8 +23,8 @@ from gpumon.jobs.service import Training
 from gpumon.web import page
 from gpumon.web.connections import Gate
 from gpumon.web.guard import Access, Guard
-from gpumon.web.peer import client_gone
-from gpumon.web.scrape import MAX_NAMES, Abandoned, Format, ScrapeCache, TooManyNames
+from gpumon.web.peer import Abandoned, client_gone
+from gpumon.web.scrape import MAX_NAMES, Format, ScrapeCache, TooManyNames
 from gpumon.web.shared import SharedDocuments
 
 TEXT_0_0_4 = "text/plain; version=0.0.4; charset=utf-8"

@@ -15,11 +15,9 @@ import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
+from gpumon.web.peer import Abandoned
+
 MAX_DOCUMENTS = 64  # kept at once (one per job, and the lists): a flood of made-up job names cannot grow it
-
-
-class Abandoned(Exception):
-    """The client left before its document was built."""
 
 
 @dataclass(frozen=True)

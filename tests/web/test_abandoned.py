@@ -22,7 +22,8 @@ from support.helpers import ManualClock, start_daemon
 from gpumon.web import guard as guard_module
 from gpumon.web import webconfig
 from gpumon.web.connections import Sparse
-from gpumon.web.guard import BCRYPT_CONCURRENCY, BCRYPT_WAITING, Abandoned, Guard, PasswordsBusy
+from gpumon.web.guard import BCRYPT_CONCURRENCY, BCRYPT_WAITING, Guard, PasswordsBusy
+from gpumon.web.peer import Abandoned
 
 PASSWORD = "correct horse battery staple"
 HASH = bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(4)).decode()

@@ -14,8 +14,8 @@ import pytest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
+from gpumon.web.peer import Abandoned as ScrapeAbandoned
 from gpumon.web.scrape import MAX_NAMES, Format, ScrapeCache, TooManyNames
-from gpumon.web.scrape import Abandoned as ScrapeAbandoned
 
 TEXT = Format(openmetrics=False, dots=False)
 OPENMETRICS = Format(openmetrics=True, dots=False)

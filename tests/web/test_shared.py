@@ -15,7 +15,8 @@ from support.helpers import start_daemon
 from support.reports import now_report
 
 from gpumon.client import protocol as P
-from gpumon.web.shared import Abandoned, SharedDocuments
+from gpumon.web.peer import Abandoned
+from gpumon.web.shared import SharedDocuments
 
 
 class State:
