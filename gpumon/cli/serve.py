@@ -21,6 +21,7 @@ from gpumon.gpu.compat_dcgm import node_hostname
 from gpumon.gpu.sampler import Sampler
 from gpumon.gpu.sim import SimNvml
 from gpumon.gpu.snapshot import Snapshot
+from gpumon.heap import Heap, Trimmer
 from gpumon.web.listen import MarkUnixSocket, bind, bind_unix
 
 if TYPE_CHECKING:
@@ -122,6 +123,8 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
     from gpumon.jobs.service import from_settings
 
     guard = _access(settings)  # first of all: a bad web config or certificate is a configuration error
+    heap = Heap()
+    heap.tune()  # before the sampler and the server start their threads
     tls = guard is not None and guard.ssl_context is not None
     sock = bind(settings.listen)  # first: a busy port should fail before NVML takes seconds to start
     sockets = [sock]
@@ -213,7 +216,7 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
     # with the default handler that would kill the process before the sampler and NVML are shut down
     previous = signal.signal(signal.SIGTERM, _stop_requested)
     try:
-        _server(config, gate, sim_training, guard).run(sockets=sockets)
+        _server(config, gate, sim_training, guard, Trimmer(heap)).run(sockets=sockets)
     finally:
         signal.signal(signal.SIGTERM, previous)
         if sim_training is not None:
@@ -323,10 +326,14 @@ def _uvicorn_config(app: Any, gate: Gate) -> uvicorn.Config:
 
 
 def _server(
-    config: uvicorn.Config, gate: Gate, sim_training: SimTraining | None, guard: Guard | None
+    config: uvicorn.Config,
+    gate: Gate,
+    sim_training: SimTraining | None,
+    guard: Guard | None,
+    trimmer: Trimmer,
 ) -> uvicorn.Server:
     """A uvicorn server that starts the simulated ranks once it accepts their reports, and closes them (their
-    final reports included) while it still does."""
+    final reports included) while it still does; its tick gives a burst's freed memory back (heap.py)."""
     import uvicorn
 
     # the same app and settings on the unix socket, with its requests marked as such (listen.py)
@@ -359,6 +366,10 @@ def _server(
                 self._watch = asyncio.create_task(guard.watch())
             if sim_training is not None:
                 sim_training.start()
+
+        async def on_tick(self, counter: int) -> bool:
+            trimmer.tick()
+            return await super().on_tick(counter)
 
         def _protocol(self, config: uvicorn.Config) -> asyncio.Protocol:
             return config.http_protocol_class(  # type: ignore[call-arg]

@@ -10,8 +10,9 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import sys
 import time
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Awaitable, Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -93,10 +94,10 @@ class Ingest:
         if scope["type"] != "http" or scope["path"] != P.PATH:
             await self.app(scope, receive, send)
             return
-        try:
-            status, detail = await self._handle(scope, receive)
-        except _Gone:  # the sender died mid-body (a rank killed while reporting): nobody to answer, nothing
-            return  # to count; its totals arrive whole with the rank's next incarnation
+        outcome = await self._handle(scope, receive)
+        if outcome is None:  # the sender died mid-body (a rank killed while reporting): nobody to answer,
+            return  # nothing to count; its totals arrive whole with the rank's next incarnation
+        status, detail = outcome
         headers = [(b"content-type", b"application/json")]
         if status == 401:
             headers.append((b"www-authenticate", b"Bearer"))
@@ -113,7 +114,7 @@ class Ingest:
         self.stats.count(outcome)
         return status, detail
 
-    async def _handle(self, scope: Scope, receive: Receive) -> tuple[int, str]:
+    async def _handle(self, scope: Scope, receive: Receive) -> tuple[int, str] | None:
         if scope["method"] != "POST":
             return self._refuse("invalid", 405, f"{P.PATH} takes POST")
         local = is_local(scope)
@@ -130,9 +131,11 @@ class Ingest:
         ):
             return self._refuse("unauthorized", 401, "missing or wrong bearer token (GPUMON_INGEST_TOKEN)")
         try:
-            body = await asyncio.wait_for(_body(headers.get(b"content-length"), receive), BODY_TIMEOUT)
+            body = await _within(_body(headers.get(b"content-length"), receive), BODY_TIMEOUT)
         except asyncio.TimeoutError:
             return self._refuse("timeout", 408, f"the report's body did not arrive within {BODY_TIMEOUT:g} s")
+        if isinstance(body, _Gone):
+            return None
         if body is None:
             return self._refuse("too_large", 413, f"report larger than {P.MAX_BODY_BYTES} bytes")
         try:
@@ -197,8 +200,23 @@ def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 _DECODER = json.JSONDecoder(object_pairs_hook=_unique)
 
 
-class _Gone(Exception):
-    """The client went away before its report's body had arrived."""
+class _Gone:
+    """The client went away before its report's body had arrived. A value, not an exception: raised out of
+    a body being awaited under a deadline, an exception's traceback ties it to the waiting frames and their
+    task, a reference cycle for every rank killed mid-report, kept until the interpreter's next full
+    collection (3 KB each)."""
+
+
+GONE = _Gone()
+
+
+async def _within(body: Awaitable[bytes | _Gone | None], seconds: float) -> bytes | _Gone | None:
+    """``body`` under a deadline, in this task (``asyncio.timeout``); 3.10 has only ``wait_for``, whose task
+    per call leaves a reference cycle when its deadline passes."""
+    if sys.version_info >= (3, 11):
+        async with asyncio.timeout(seconds):
+            return await body
+    return await asyncio.wait_for(body, seconds)
 
 
 # A report is under 2 KB, sent at once by a process on this node (the SDK itself gives up after 2 s): a body
@@ -206,8 +224,8 @@ class _Gone(Exception):
 BODY_TIMEOUT = 5.0
 
 
-async def _body(length: bytes | None, receive: Receive) -> bytes | None:
-    """The body, or None once it passes the limit (read no further)."""
+async def _body(length: bytes | None, receive: Receive) -> bytes | _Gone | None:
+    """The body, or None once it passes the limit (read no further), or GONE."""
     if length is not None and length.isdigit() and int(length) > P.MAX_BODY_BYTES:
         return None
     chunks: list[bytes] = []
@@ -215,7 +233,7 @@ async def _body(length: bytes | None, receive: Receive) -> bytes | None:
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
-            raise _Gone
+            return GONE
         chunk = message.get("body", b"")
         size += len(chunk)
         if size > P.MAX_BODY_BYTES:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import socket
 import struct
+import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -96,11 +97,22 @@ def _nspids(pid: int) -> tuple[int, ...]:
 
 class Tagged:
     """ASGI wrapper for one connection: its requests carry whether their client has gone (``client_gone``),
-    and over the unix socket the connection's Peer."""
+    and over the unix socket the connection's Peer.
+
+    ``gone`` is held weakly: the connection holds this wrapper, and a strong reference back would make each
+    closed connection a reference cycle (protocol, transport, buffers: 2-7 KB), left to the interpreter's
+    rare full collections. 1,000 connections opened and closed kept 2.2 MB that way. A connection that no
+    longer exists is gone."""
 
     def __init__(self, app: Any, gone: Callable[[], bool], peer: Peer | None) -> None:
         self.app = app
-        self.extra: dict[str, Any] = {GONE_SCOPE_KEY: gone}
+        method = weakref.WeakMethod(gone)  # type: ignore[arg-type]
+
+        def is_gone() -> bool:
+            live = method()
+            return live is None or live()
+
+        self.extra: dict[str, Any] = {GONE_SCOPE_KEY: is_gone}
         if peer is not None:
             self.extra[PEER_SCOPE_KEY] = peer
 
