@@ -95,7 +95,8 @@ HTTP_REQUESTS_REFUSED = metric(
     "counter",
     "Requests not served: bad_request (not HTTP, answered 400; logged at most once a minute), "
     "passwords_busy (the basic-auth password checks waiting were at their limit, answered 503), "
-    "too_many_names (/metrics?name[] naming more series than allowed, answered 400), abandoned (the "
+    "too_many_names (/metrics?name[] naming more series than allowed, answered 400), selections_busy "
+    "(the /metrics?name[] scrapes waiting were at their limit, answered 503), abandoned (the "
     "client had gone before its password check or render began, which were then not done).",
     ("reason",),
 )

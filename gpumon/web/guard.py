@@ -27,6 +27,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gpumon.client.protocol import PATH as REPORT_PATH
 from gpumon.web import webconfig
+from gpumon.web.answer import plain
 from gpumon.web.listen import via_unix_socket
 from gpumon.web.peer import Abandoned, client_gone
 from gpumon.web.tls import load_certificate
@@ -44,6 +45,9 @@ BCRYPT_CONCURRENCY = 2  # checks at once: anonymous floods cannot take every cor
 # checks that may wait for one of those; more are refused at once (503): a flood of wrong passwords queued
 # without bound, each check still run after its client had left, and a valid first login waited 30 s
 BCRYPT_WAITING = 16
+# of those, from one client address: found by review, one address's flood kept the queue full and a second
+# user's valid first login was told 503 on every try for as long as it lasted
+BCRYPT_WAITING_PER_CLIENT = 4
 # a valid hash of a random password: unknown users cost one bcrypt check too, so timing does not tell
 # which user names exist
 _DUMMY_HASH = b"$2b$10$EZUfbJvXZ4AiPd0kLkz9SuzT7Dd8dFPkAWjas6pprpQKnfrkNfVg."
@@ -66,6 +70,7 @@ class Guard:
         self.ssl_context = ssl_context
         self.clock = clock
         self._logins: set[tuple[str, bytes, bytes]] = set()  # (user, stored hash, sha256 of password)
+        self._waiting_from: Counter[str | None] = Counter()  # checks waiting or running, by client address
         self._tokens = float(config.rate_limit.burst) if config.rate_limit else 0.0
         self._refilled = clock()
         self._signature = _signature(config.files())
@@ -125,15 +130,20 @@ class Guard:
         self.config = new
         self._signature = signature if new.files() == old.files() else _signature(new.files())
         self._bad_signature = None
-        self._logins.clear()
+        # a login stays valid while its user's hash is the same: cleared, a reload during a flood of wrong
+        # passwords would send every scraper back to the password queue
+        self._logins = {k for k in self._logins if new.users.get(k[0]) == k[1]}
         if new.rate_limit != old.rate_limit:
             self._tokens = float(new.rate_limit.burst) if new.rate_limit else 0.0
         log.info("web config %s reloaded (%d basic auth users)", new.path, len(new.users))
 
     # --- checks ---
-    async def authorized(self, authorization: bytes | None, gone: Callable[[], bool] = lambda: False) -> bool:
-        """Whether the credentials are valid. Raises PasswordsBusy when BCRYPT_WAITING checks are queued, and
-        Abandoned when ``gone()`` says the client left while its check waited."""
+    async def authorized(
+        self, authorization: bytes | None, gone: Callable[[], bool] = lambda: False, client: str | None = None
+    ) -> bool:
+        """Whether the credentials are valid. Raises PasswordsBusy when BCRYPT_WAITING checks are queued, or
+        BCRYPT_WAITING_PER_CLIENT from ``client`` (its address), and Abandoned when ``gone()`` says the
+        client left while its check waited."""
         users = self.config.users
         if not users:
             return True
@@ -152,9 +162,12 @@ class Guard:
         # a few at a time, so a flood of wrong passwords queues here instead of taking every core
         if self._bcrypt is None:
             self._bcrypt = asyncio.Semaphore(BCRYPT_CONCURRENCY)
-        if self._waiting >= BCRYPT_WAITING + BCRYPT_CONCURRENCY:
+        if self._waiting >= BCRYPT_WAITING + BCRYPT_CONCURRENCY or (
+            client is not None and self._waiting_from[client] >= BCRYPT_WAITING_PER_CLIENT
+        ):
             raise PasswordsBusy()
         self._waiting += 1
+        self._waiting_from[client] += 1
         try:
             async with self._bcrypt:
                 if gone():
@@ -162,6 +175,9 @@ class Guard:
                 ok = await asyncio.to_thread(_check, password, stored or _DUMMY_HASH)
         finally:
             self._waiting -= 1
+            self._waiting_from[client] -= 1
+            if not self._waiting_from[client]:
+                del self._waiting_from[client]
         if ok and stored is not None:
             if len(self._logins) >= MAX_CACHED_LOGINS:
                 self._logins.clear()
@@ -205,16 +221,19 @@ class Access:
         if not guard.admit():
             limit = guard.config.rate_limit
             retry = str(max(1, math.ceil(limit.interval))).encode() if limit else b"1"
-            await _answer(
+            await plain(
                 send, 429, "too many requests (the web config's rate_limit)", [(b"retry-after", retry)]
             )
             return
         request_headers = dict(scope["headers"])
         try:
-            ok = await guard.authorized(request_headers.get(b"authorization"), lambda: client_gone(scope))
+            peer = scope.get("client")
+            ok = await guard.authorized(
+                request_headers.get(b"authorization"), lambda: client_gone(scope), peer[0] if peer else None
+            )
         except PasswordsBusy:
             self.refused["passwords_busy"] += 1
-            await _answer(
+            await plain(
                 send,
                 503,
                 "busy: too many password checks are waiting (basic_auth_users); retry in a moment",
@@ -230,7 +249,7 @@ class Access:
             challenge = (
                 [] if request_headers.get(PAGE_HEADER) else [(b"www-authenticate", b'Basic realm="gpumon"')]
             )
-            await _answer(
+            await plain(
                 send,
                 401,
                 "unauthorized: this gpumon requires basic auth (basic_auth_users in its web config)",
@@ -247,22 +266,6 @@ def _with_headers(send: Send, extra: list[tuple[bytes, bytes]]) -> Send:
         await send(message)
 
     return sender
-
-
-async def _answer(send: Send, status: int, detail: str, headers: list[tuple[bytes, bytes]]) -> None:
-    body = (detail + "\n").encode()
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [
-                (b"content-type", b"text/plain; charset=utf-8"),
-                (b"content-length", str(len(body)).encode()),
-                *headers,
-            ],
-        }
-    )
-    await send({"type": "http.response.body", "body": body})
 
 
 def _basic_credentials(header: bytes | None) -> tuple[str, bytes] | None:

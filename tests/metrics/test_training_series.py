@@ -15,7 +15,7 @@ from gpumon.metrics.registry import render_markdown
 
 RANKS = 8
 COMMAND = ("--simulate", "8xH100-SXM", "--sim-job", "big:0-7")
-# docs/deploy.md's sentence: "(1,012 measured with `--sim-job big:0-7`: the training flow adds 69 per rank"
+# docs/deploy.md's sentence: "(1,013 measured with `--sim-job big:0-7`: the training flow adds 69 per rank"
 SAID = r"\(([\d,]+) measured with `--sim-job big:0-7`: the training flow adds (\d+) per\s+rank"
 
 

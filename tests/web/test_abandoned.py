@@ -22,7 +22,13 @@ from support.helpers import ManualClock, start_daemon
 from gpumon.web import guard as guard_module
 from gpumon.web import webconfig
 from gpumon.web.connections import Sparse
-from gpumon.web.guard import BCRYPT_CONCURRENCY, BCRYPT_WAITING, Guard, PasswordsBusy
+from gpumon.web.guard import (
+    BCRYPT_CONCURRENCY,
+    BCRYPT_WAITING,
+    BCRYPT_WAITING_PER_CLIENT,
+    Guard,
+    PasswordsBusy,
+)
 from gpumon.web.peer import Abandoned
 
 PASSWORD = "correct horse battery staple"
@@ -76,6 +82,60 @@ def test_the_password_queue_refuses_at_once_when_full_and_skips_the_departed(
         assert await guard.authorized(header("prom", PASSWORD))
 
     asyncio.run(scenario())
+
+
+def test_one_address_cannot_fill_the_password_queue(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by review: one address's flood of wrong passwords kept the queue full, and another user's valid
+    first login was told 503 on every try (9 of 9 over 8 s). One address may have BCRYPT_WAITING_PER_CLIENT
+    checks waiting or running; a login from elsewhere still gets a place."""
+    guard = _guard(tmp_path)
+    release = threading.Event()
+
+    def slow_check(password: bytes, hashed: bytes) -> bool:
+        release.wait(10)
+        return bcrypt.checkpw(password, hashed)
+
+    monkeypatch.setattr(guard_module, "_check", slow_check)
+
+    async def scenario() -> None:
+        flood = [
+            asyncio.create_task(guard.authorized(header("prom", f"wrong{i}"), client="10.0.0.9"))
+            for i in range(100)
+        ]
+        await asyncio.sleep(0.1)
+        refused = [t for t in flood if t.done() and isinstance(t.exception(), PasswordsBusy)]
+        assert len(refused) == 100 - BCRYPT_WAITING_PER_CLIENT
+        login = asyncio.create_task(guard.authorized(header("prom", PASSWORD), client="10.0.0.1"))
+        await asyncio.sleep(0.05)
+        assert not login.done(), "queued, not refused"
+        release.set()
+        assert await login
+        await asyncio.gather(*flood, return_exceptions=True)
+        assert not guard._waiting_from, "nothing left counted"
+
+    asyncio.run(scenario())
+
+
+def test_logins_survive_a_reload_that_keeps_their_hash(tmp_path: Path) -> None:
+    """Found by review: any change to the web config forgot every checked login, so during a flood of wrong
+    passwords a reload would have sent every scraper back to the password queue."""
+    path = tmp_path / "web.yml"
+    path.write_text(yaml.safe_dump({"basic_auth_users": {"prom": HASH}}))
+    clock = ManualClock()
+    guard = Guard(webconfig.load(str(path)), None, clock)
+    assert asyncio.run(guard.authorized(header("prom", PASSWORD)))
+    other = bcrypt.hashpw(b"x", bcrypt.gensalt(4)).decode()
+    path.write_text(yaml.safe_dump({"basic_auth_users": {"prom": HASH, "grafana": other}}))
+    for _ in range(2):  # a change is taken once it has held still for one more look
+        clock.advance(5)
+        guard.maybe_reload()
+    assert "grafana" in guard.config.users, "reloaded"
+    assert len(guard._logins) == 1, "prom's hash is unchanged: its login stands"
+    path.write_text(yaml.safe_dump({"basic_auth_users": {"prom": other}}))
+    for _ in range(2):
+        clock.advance(5)
+        guard.maybe_reload()
+    assert not guard._logins, "a changed hash forgets the login"
 
 
 def test_repeated_warnings_are_logged_once_a_minute_with_the_count(caplog: pytest.LogCaptureFixture) -> None:

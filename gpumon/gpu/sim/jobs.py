@@ -45,8 +45,12 @@ from gpumon.gpu.sim.dynamics import ALLREDUCE, COMPUTE, DATA_WAIT, LOADING, Job
 Windows = Callable[[], Sequence[tuple[float, float, float]]]  # (start, end, factor), simulated time
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@+-]{0,63}$")  # the SDK's job names, without ":" "/" "="
-_GPUS = re.compile(r"^\d+(?:-\d+)?(?:,\d+(?:-\d+)?)*$")
-_RANKS = re.compile(r"^(\d+)/(\d+)$")
+# ASCII digits (\d takes any script's), at most 9 of them
+_GPUS = re.compile(r"^[0-9]{1,9}(?:-[0-9]{1,9})?(?:,[0-9]{1,9}(?:-[0-9]{1,9})?)*$")
+_RANKS = re.compile(r"^([0-9]{1,9})/([0-9]{1,9})$")
+# far above any node's GPUs, checked before a range is built: found by review, 0-999999999 was a MemoryError
+MAX_GPU_INDEX = 1023
+MAX_WORLD_SIZE = 1 << 20  # as the daemon accepts in a report
 _SIZE = re.compile(r"(\d+)b(?![a-z0-9])")
 DEFAULT_MODEL = "llama3-8b"
 # when a name gives only a size ("llama-70b"), the newest preset of that size
@@ -178,6 +182,8 @@ def _indices(text: str, field: str) -> tuple[int, ...]:
     for part in field.split(","):
         lo, _, hi = part.partition("-")
         first, last = int(lo), int(hi or lo)
+        if last > MAX_GPU_INDEX:
+            raise SimJobError(f"sim job {text!r}: GPU {last} does not exist (at most {MAX_GPU_INDEX})")
         if last < first:
             raise SimJobError(f"sim job {text!r}: GPU range {part!r} runs backwards")
         out.extend(range(first, last + 1))
@@ -216,14 +222,20 @@ def parse_job(text: str) -> SimJobSpec:
         if not m:
             raise SimJobError(f"bad sim job {text!r}: {usage}")
         first, world = int(m[1]), int(m[2])
+        if world > MAX_WORLD_SIZE:
+            raise SimJobError(f"sim job {text!r}: WORLD_SIZE {world} is over {MAX_WORLD_SIZE}")
         if first + len(gpus) > world:
             raise SimJobError(
                 f"sim job {text!r}: ranks {first}..{first + len(gpus) - 1} (one per GPU) do not fit in a "
                 f"world size of {world}: raise WORLD_SIZE or lower FIRST_RANK"
             )
     model, values = default_model(name), {}
+    seen: set[str] = set()
     for item in rest:
         key, sep, value = item.partition("=")
+        if sep and (key in values or (key == "model" and "model" in seen)):
+            raise SimJobError(f"sim job {text!r}: {key} is given twice")
+        seen.add(key)
         if key == "model" and sep:
             if value.lower() not in PRESETS:
                 raise SimJobError(f"sim job {text!r}: unknown model {value!r}; one of {', '.join(PRESETS)}")

@@ -54,6 +54,13 @@ def test_options_override_what_the_name_gives() -> None:
         ("llama:3-1", "runs backwards"),
         ("llama:0,0", "listed twice"),
         ("llama:0-7:20/24", "ranks 20..27 .* do not fit in a world size of 24"),
+        # found by review: a range was built before any check (MemoryError, OverflowError: exit 70)
+        ("llama:0-999999999", "GPU 999999999 does not exist \\(at most 1023\\)"),
+        ("llama:0-99999999999999999999", "GPUS '0-9+' is not like 0-7"),
+        ("llama:0-7:0/1048577", "WORLD_SIZE 1048577 is over 1048576"),  # every report would get 422
+        ("llama:\u0663", "is not like 0-7"),  # an Arabic-Indic digit
+        ("llama:0:data_wait=0.1:data_wait=0.2", "data_wait is given twice"),
+        ("llama:0:model=llama3-8b:model=llama3-70b", "model is given twice"),
         ("llama:0:1/x", "expected NAME:GPUS"),
         ("llama:0:model=gpt9", "unknown model 'gpt9'"),
         ("llama:0:step=0", "step must be a number from 0.1 to 600"),
