@@ -13,6 +13,7 @@ all this needs.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import resource
 import time
@@ -72,9 +73,21 @@ SLOW_ANSWER = 1.0
 
 
 def _host(conn: Any) -> str | None:
-    """The client's address, without its port (None over the unix socket)."""
+    """The client's address without its port, an IPv6 one as its /64 (one host may hold a whole /64, and
+    would otherwise count as as many clients as it likes); None over the unix socket."""
     client = getattr(conn, "client", None)
-    return client[0] if client else None
+    if not client:
+        return None
+    host = str(client[0])
+    if ":" not in host:
+        return host
+    try:
+        address = ipaddress.IPv6Address(host.split("%", 1)[0])
+    except ValueError:
+        return host
+    if address.ipv4_mapped is not None:
+        return str(address.ipv4_mapped)
+    return str(ipaddress.IPv6Network((address, 64), strict=False))
 
 
 def raise_fd_limit() -> int:

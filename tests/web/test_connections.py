@@ -23,7 +23,7 @@ from support.reports import now_report
 
 from gpumon.client import protocol as P
 from gpumon.config import ConfigError, resolve
-from gpumon.web.connections import FD_RESERVE, SLOW_READ, Gate, Limits, connection_cap
+from gpumon.web.connections import FD_RESERVE, SLOW_READ, Gate, Limits, _host, connection_cap
 
 # --- the gate, alone ------------------------------------------------------------------------------
 
@@ -156,6 +156,20 @@ def test_with_every_connection_new_to_its_request_the_address_holding_most_gives
     comer = FakeConn("another", idle=False, client=("10.0.0.3", 1))
     gate.admit(comer)
     assert comer.dropped == "shed" and hog[1].dropped == "", "one each: the newcomer, as before"
+
+
+def test_an_ipv6_client_counts_as_its_64_and_a_mapped_ipv4_as_itself() -> None:
+    hog = [FakeConn(f"hog{i}", idle=False, client=(f"2001:db8:1:2::{i + 1}", 1000)) for i in range(3)]
+    for c in hog:
+        gate.admit(c)
+    again = FakeConn("same /64, another address", idle=False, client=("2001:db8:1:2:ffff::9", 2000))
+    gate.admit(again)
+    assert again.dropped == "shed", "a fourth address of the same /64 is the same client"
+    probe = FakeConn("kubelet", idle=False, client=("::ffff:10.0.0.1", 5000))
+    gate.admit(probe)
+    assert probe.dropped == "" and hog[2].dropped == "shed"
+    mapped, plain = FakeConn("a", client=("::ffff:10.0.0.1", 1)), FakeConn("b", client=("10.0.0.1", 2))
+    assert _host(mapped) == _host(plain) == "10.0.0.1"
 
 
 def test_the_unix_socket_has_a_lane_of_its_own() -> None:
