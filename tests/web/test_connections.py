@@ -665,22 +665,22 @@ def test_probes_get_in_and_are_answered_while_busy_loops_fill_the_cap(kind: str,
     try:
         port = _addr(d)[1]
         script = Path(__file__).parents[1] / "support" / "busy_loops.py"
-        argv = [sys.executable, str(script), str(port), str(loops), "12", kind]
+        argv = [sys.executable, str(script), str(port), str(loops), "7", kind]
         attack = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
         time.sleep(2.0)
         took = []
-        for _ in range(40):
+        for _ in range(30):
             took.append(_probe(d))  # a new connection each time, as the kubelet's
             time.sleep(0.1)
         out, _ = attack.communicate(timeout=30)
         took.sort()
         print(
-            f"\n{kind}: {out.strip()} answers to the loops; probes p50 {took[20] * 1e3:.0f} ms, "
-            f"p90 {took[36] * 1e3:.0f} ms, max {took[-1] * 1e3:.0f} ms"
+            f"\n{kind}: {out.strip()} answers to the loops; probes p50 {took[15] * 1e3:.0f} ms, "
+            f"p90 {took[27] * 1e3:.0f} ms, max {took[-1] * 1e3:.0f} ms"
         )
         assert int(out) > 1000, "the loops were not busy: this test proves nothing"
         # every probe answered (_probe asserts 200), half within 250 ms; the loops saturate the daemon's
         # core, and a probe waits its turn among them (p90 0.2-0.5 s on a 2-core machine)
-        assert took[20] < 0.25, took
+        assert took[15] < 0.25, took
     finally:
         d.stop()

@@ -100,7 +100,7 @@ class Attacks:
             s.close()
 
     def job_documents(self) -> None:
-        end = time.monotonic() + 3
+        end = time.monotonic() + 2
 
         def loop() -> None:
             with httpx.Client(headers={"Authorization": self.auth}) as c:
@@ -121,7 +121,7 @@ class Attacks:
                 held.append(s)
             except OSError:
                 pass
-        time.sleep(2)
+        time.sleep(1)
         for s in held:
             s.close()
 
@@ -158,7 +158,7 @@ class Attacks:
         ]
 
 
-def _settled(d: Daemon, seconds: float = 12.0) -> float:
+def _settled(d: Daemon, seconds: float = 7.0) -> float:
     """RSS once the daemon has had time to give a burst back (its trimmer looks every 5 s): the lowest seen
     over ``seconds``, so that a scrape in flight does not count."""
     end = time.monotonic() + seconds
@@ -182,7 +182,7 @@ def test_memory_returns_after_each_round_of_attacks(tmp_path: Path) -> None:
             for _ in range(20):
                 c.get(d.url + "/metrics")
                 c.get(d.url + "/v1/jobs?detail=true")
-        base = _settled(d, 6.0)
+        base = _settled(d, 3.0)
         rounds = []
         for _ in range(2):
             for attack in attacks.all():
