@@ -37,18 +37,20 @@ from support.reports import report
 RANKS = 8
 
 
-STARTED = time.time() - 1e6  # every report of a rank is one incarnation, started long enough ago that even
-# the flood's step counts (1 ms each) end before now
+# every report of a rank is one incarnation, started long enough ago that even the flood's step counts (1 ms
+# each) and phases end before now, but after the node booted: the daemon refuses a start before boot
+STARTED = max(psutil.boot_time() + 1.0, time.time() - 1e6)
 
 
-def body(rank: int, seq: int) -> bytes:
+def body(rank: int, seq: int, job: str = "llm", world: int = RANKS) -> bytes:
     r = report(
         seq + 2,
+        job=job,
         started=STARTED,
         step_seconds=0.001,
         rank=rank,
-        world_size=RANKS,
-        devices=[str(rank)],
+        world_size=world,
+        devices=[str(rank % RANKS)],
         t=time.time(),
     )
     r["seq"] = seq
@@ -56,18 +58,21 @@ def body(rank: int, seq: int) -> bytes:
     return json.dumps(r).encode()
 
 
-def post_loop(url: str, rank: int, seconds: float, seq0: int, interval: float, out: list[int]) -> None:
-    """Post reports of one rank back to back, or one every ``interval`` seconds (paced, not slept)."""
+def post_loop(
+    url: str, rank: int, seconds: float, interval: float, out: list[int], job: str = "llm", world: int = RANKS
+) -> None:
+    """Post reports of one rank back to back, or one every ``interval`` seconds (paced, not slept), seq
+    counting from 0 as the SDK's do (the daemon refuses a seq that leaps ahead: an impostor's move)."""
     parts = urlsplit(url)
     conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=5)
     start = time.monotonic()
     end = start + seconds
-    seq = seq0
+    seq = 0
     ok = 0
     due = start
     while time.monotonic() < end:
         seq += 1
-        conn.request("POST", "/v1/report", body(rank, seq), {"Content-Type": "application/json"})
+        conn.request("POST", "/v1/report", body(rank, seq, job, world), {"Content-Type": "application/json"})
         resp = conn.getresponse()
         resp.read()
         ok += resp.status == 204
@@ -79,15 +84,14 @@ def post_loop(url: str, rank: int, seconds: float, seq0: int, interval: float, o
 
 
 def flood(
-    url: str, seconds: float, connections: int, seq0: int, queue: multiprocessing.Queue, rate: float = 0.0
+    url: str, seconds: float, connections: int, job: str, queue: multiprocessing.Queue, rate: float = 0.0
 ) -> None:
-    """``rate`` reports/s in all (0: as fast as the daemon answers), spread over ``connections``."""
+    """``rate`` reports/s in all (0: as fast as the daemon answers), spread over ``connections``, each one
+    rank of ``job``."""
     counts: list[int] = []
     interval = connections / rate if rate else 0.0
     threads = [
-        threading.Thread(
-            target=post_loop, args=(url, i % RANKS, seconds, seq0 + i * 10_000_000, interval, counts)
-        )
+        threading.Thread(target=post_loop, args=(url, i, seconds, interval, counts, job, connections))
         for i in range(connections)
     ]
     for t in threads:
@@ -125,20 +129,18 @@ def main() -> None:
         no_ranks = scrapes(d, args.seconds)  # the same daemon before any rank reports: the cost of 8 ranks
         normal: list[int] = []
         reporters = [
-            threading.Thread(target=post_loop, args=(url, r, 3 * args.seconds + 5, 0, 1.0, normal))
+            threading.Thread(target=post_loop, args=(url, r, 3 * args.seconds + 5, 1.0, normal))
             for r in range(RANKS)
         ]
         for t in reporters:
             t.start()
         time.sleep(2.0)
         baseline = scrapes(d, args.seconds)
-        seq0 = 1_000_000
         for name, rate in (("paced", args.rate), ("flood", 0.0)):
             queue: multiprocessing.Queue = multiprocessing.Queue()
             loader = multiprocessing.Process(
-                target=flood, args=(url, args.seconds, args.connections, seq0, queue, rate)
+                target=flood, args=(url, args.seconds, args.connections, f"load-{name}", queue, rate)
             )
-            seq0 += 100_000_000
             cpu0 = sum(daemon.cpu_times()[:2])
             t0 = time.monotonic()
             loader.start()
