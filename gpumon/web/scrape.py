@@ -24,6 +24,7 @@ from collections import Counter
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 from typing import TypeVar
+from urllib.parse import unquote_to_bytes
 
 from prometheus_client.metrics_core import Metric
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -105,8 +106,8 @@ BUSY = (
 
 
 def _selects(query: bytes) -> bool:
-    lowered = query.lower()
-    return b"name[]=" in lowered or b"name%5b%5d=" in lowered
+    """Whether the query names series, however its key is percent-encoded (the framework decodes keys)."""
+    return b"name[]=" in (unquote_to_bytes(query) if b"%" in query else query)
 
 
 class ScrapeCache:

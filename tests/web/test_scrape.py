@@ -266,11 +266,13 @@ def test_selections_past_the_limit_are_refused_before_their_query_is_parsed() ->
         with pytest.raises(SelectionsBusy):
             await cache.get(TEXT, names=["gpumon_test_other"])
         assert await call(b"name[]=gpumon_test_other") == 503
-        assert await call(b"NAME%5b%5D=gpumon_test_other") == 503
+        assert await call(b"name%5b%5D=gpumon_test_other") == 503
+        assert await call(b"%6Eame[%5D=gpumon_test_other") == 503, "a key is decoded, every byte of it"
+        assert await call(b"NAME[]=x") == 200, "keys are case-sensitive: not a selection"
         assert await call(b"") == 200 and await call(b"x=1") == 200, "a plain scrape is not refused"
         assert await call(b"&".join([b"name[]=a"] * (2 * MAX_NAMES + 1))) == 400
-        assert reached == [b"", b"x=1"], "refused requests never reached the app (nor its query parser)"
-        assert refused == {"selections_busy": 2, "too_many_names": 1}
+        assert reached == [b"NAME[]=x", b"", b"x=1"], "refused requests never reached the app (its parser)"
+        assert refused == {"selections_busy": 3, "too_many_names": 1}
         world.release.set()
         await asyncio.gather(*waiting)
         assert await call(b"name[]=gpumon_test_other") == 200, "free again"
