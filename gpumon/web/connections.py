@@ -13,7 +13,6 @@ all this needs.
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import logging
 import resource
 import time
@@ -26,7 +25,7 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from gpumon import metrics as M
-from gpumon.web.peer import Tagged, peer_of
+from gpumon.web.peer import Tagged, client_address, peer_of
 
 log = logging.getLogger(__name__)
 
@@ -70,24 +69,27 @@ SLOW_READ = 1.0
 # away. Found by review: 80 keep-alive loops of distinct name[] selections against a cap of 64 kept every
 # connection busy, and 159 of 184 probes were reset. A scrape is answered in milliseconds.
 SLOW_ANSWER = 1.0
+# A connection that has had this many requests answered per second of its life is a loop, not a scraper
+# (one every 15 s), a probe (a connection per probe) or a rank (one a second): at a full cap, with nothing
+# else to shed, the fastest such goes before a newcomer is turned away. Found by review: 64 connections from
+# 64 loopback addresses, each answered back to back (and pipelining), turned every newcomer away, on TCP
+# and on the unix socket (where every rank is the same "address").
+LOOP_RATE = 5.0
+# A connection this young that has sent nothing yet is not taken for idle: a probe sends its request within
+# milliseconds of connecting, and was shed as "the newest idle" by the next loop reconnecting
+FIRST_REQUEST_GRACE = 1.0
+
+
+def _arriving(conn: Any, now: float) -> bool:
+    """Connected under FIRST_REQUEST_GRACE ago and nothing asked yet: its first request is on its way."""
+    opened = getattr(conn, "opened", None)
+    return opened is not None and conn.answered == 0 and now - opened < FIRST_REQUEST_GRACE
 
 
 def _host(conn: Any) -> str | None:
-    """The client's address without its port, an IPv6 one as its /64 (one host may hold a whole /64, and
-    would otherwise count as as many clients as it likes); None over the unix socket."""
+    """The client's address as one client (peer.client_address); None over the unix socket."""
     client = getattr(conn, "client", None)
-    if not client:
-        return None
-    host = str(client[0])
-    if ":" not in host:
-        return host
-    try:
-        address = ipaddress.IPv6Address(host.split("%", 1)[0])
-    except ValueError:
-        return host
-    if address.ipv4_mapped is not None:
-        return str(address.ipv4_mapped)
-    return str(ipaddress.IPv6Network((address, 64), strict=False))
+    return client_address(str(client[0])) if client else None
 
 
 def raise_fd_limit() -> int:
@@ -152,34 +154,46 @@ class Gate:
                 return
 
     def _victim(self, lane: dict[Any, None], conn: Any) -> Any:
-        """Which connection of a full lane goes. Never one of a client address holding fewer connections
-        than the newcomer's would: one client cannot push a probe or a scraper (each holding one) out with
-        more of its own. Among the rest, the newest idle one (or one whose peer stopped reading our answer),
-        of the address holding most: the oldest are nearest their deadline anyway, and a connection that has
-        already been served (a scraper's keep-alive) has shown it is a client; a flood is recent. Else the
+        """Which connection of a full lane goes. The newest idle one (or one whose peer stopped reading our
+        answer), of the client address holding most, but not one that has just connected and not yet sent
+        its first request (FIRST_REQUEST_GRACE): the oldest are nearest their deadline anyway, and a
+        connection that has already been served (a scraper's keep-alive) has shown it is a client; a flood
+        is recent. An idle connection costs its client nothing to lose: it connects again. Else the
         one that has been receiving its request longest, if for over SLOW_READ (a stalled body or head).
         Else the one whose request has waited longest for its answer, if for over SLOW_ANSWER (queued
-        behind others). Else the newest of the address holding most, if it holds more than the newcomer's.
+        behind others; with pipelining, from the first request of an unbroken run). Else the newest of the
+        address holding most, if it holds more than the newcomer's. Else the one answered fastest over its
+        life, at LOOP_RATE requests a second or more. Else the newest idle one that has just connected.
         Else the newcomer.
 
         Found by review: 80 loops of quickly refused requests from one address left no connection idle or
         slow at the instant a probe arrived, so the probe was turned away, or, admitted while it had not yet
-        sent its request (idle), pushed out by the next of the loops reconnecting."""
+        sent its request (idle), pushed out by the next of the loops reconnecting. A rule that no address
+        may displace a lighter one failed where the ranks report over loopback: the probes' address was
+        the heaviest, and could displace none of 64 loops from 64 other addresses."""
         others = [c for c in lane if c is not conn and not c.closing()]
         held = Counter(_host(c) for c in (*others, conn))  # per address, the newcomer's included
         floor = held[_host(conn)]
         order = {c: i for i, c in enumerate(others)}
-        pool = [c for c in others if held[_host(c)] >= floor]
-        idle = [c for c in pool if c.sheddable()]
-        if idle:
-            return max(idle, key=lambda c: (held[_host(c)], order[c]))
+        pool = others
         now = self.clock()
+        idle = [c for c in pool if c.sheddable()]
+        settled = [c for c in idle if not _arriving(c, now)]
+        if settled:
+            return max(settled, key=lambda c: (held[_host(c)], order[c]))
         for since, limit in (("reading_since", SLOW_READ), ("answering_since", SLOW_ANSWER)):
             waited = [(t, c) for c in pool if (t := getattr(c, since)()) is not None and now - t >= limit]
             if waited:
                 return min(waited, key=lambda x: x[0])[1]
         heavy = [c for c in pool if held[_host(c)] > floor]
-        return max(heavy, key=lambda c: (held[_host(c)], order[c])) if heavy else conn
+        if heavy:
+            return max(heavy, key=lambda c: (held[_host(c)], order[c]))
+        rates = [(rate(now), c) for c in pool if (rate := getattr(c, "answer_rate", None)) is not None]
+        loops = [(r, c) for r, c in rates if r >= LOOP_RATE]
+        if loops:
+            return max(loops, key=lambda x: x[0])[1]
+        # a flood of connections that never send: each is young, and the newest goes
+        return max(idle, key=lambda c: (held[_host(c)], order[c])) if idle else conn
 
     def release(self, conn: Any) -> None:
         for lane in self._open.values():
@@ -254,6 +268,8 @@ def guarded(protocol_class: type[asyncio.Protocol], gate: Gate) -> type[asyncio.
         _dropped = False
         _began = 0.0  # gate clock: when the request being received began to arrive
         _asked: float | None = None  # gate clock: when the request being answered had arrived
+        answered = 0  # responses completed
+        opened: float | None = None  # gate clock: when the connection was made
         unix = False  # on the unix ingest socket (its own lane)
         app: Any  # uvicorn's: the ASGI app this connection's requests go to
 
@@ -265,6 +281,7 @@ def guarded(protocol_class: type[asyncio.Protocol], gate: Gate) -> type[asyncio.
             # its requests carry whether it has closed, and over the unix socket who connected (peer.py)
             self.app = Tagged(self.app, self.closing, None if sock is None else peer_of(sock))
             self._arm(gate.limits.header_timeout, "header_timeout")
+            self.opened = gate.clock()
             gate.admit(self)
 
         def connection_lost(self, exc: Exception | None) -> None:
@@ -326,8 +343,9 @@ def guarded(protocol_class: type[asyncio.Protocol], gate: Gate) -> type[asyncio.
 
         def on_response_complete(self) -> None:
             super().on_response_complete()
-            # the next pipelined request (if any) waits from now, as a new one would
-            self._asked = None if self.idle() else gate.clock()
+            self.answered += 1
+            if self.idle():  # with pipelined requests still to answer, the run goes on: its clock too
+                self._asked = None
             if not self.transport.is_closing() and self.idle() and not self._reading():
                 self._arm(gate.limits.header_timeout, "header_timeout")
 
@@ -358,9 +376,13 @@ def guarded(protocol_class: type[asyncio.Protocol], gate: Gate) -> type[asyncio.
             return self._began if self._request_deadline is not None else None
 
         def answering_since(self) -> float | None:
-            """When the request being answered (the oldest, with pipelining) had fully arrived; None when
-            none is."""
+            """When the connection last began to be answered after being idle (the first request of a run
+            of pipelined ones) had fully arrived; None when none is being answered."""
             return None if self.idle() else self._asked
+
+        def answer_rate(self, now: float) -> float:
+            """Requests answered per second of the connection's life (its first second counted whole)."""
+            return self.answered / max(1.0, now - (self.opened or now))
 
         def idle(self) -> bool:
             """Waiting for a request: none yet, or the last one answered (uvicorn's own test at shutdown)."""

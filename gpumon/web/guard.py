@@ -29,7 +29,7 @@ from gpumon.client.protocol import PATH as REPORT_PATH
 from gpumon.web import webconfig
 from gpumon.web.answer import plain
 from gpumon.web.listen import via_unix_socket
-from gpumon.web.peer import Abandoned, client_gone
+from gpumon.web.peer import Abandoned, client_address, client_gone
 from gpumon.web.tls import load_certificate
 from gpumon.web.webconfig import WebConfig
 
@@ -229,7 +229,9 @@ class Access:
         try:
             peer = scope.get("client")
             ok = await guard.authorized(
-                request_headers.get(b"authorization"), lambda: client_gone(scope), peer[0] if peer else None
+                request_headers.get(b"authorization"),
+                lambda: client_gone(scope),
+                client_address(str(peer[0])) if peer else None,
             )
         except PasswordsBusy:
             self.refused["passwords_busy"] += 1

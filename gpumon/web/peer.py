@@ -9,6 +9,7 @@ a loopback connection could be any local process, and its requests carry no ``Pe
 
 from __future__ import annotations
 
+import ipaddress
 import socket
 import struct
 import weakref
@@ -118,6 +119,20 @@ class Tagged:
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         await self.app({**scope, **self.extra}, receive, send)
+
+
+def client_address(host: str) -> str:
+    """A client's address as one client: an IPv6 one as its /64 (one host may hold a whole /64, and would
+    otherwise count as as many clients as it likes), an IPv4-mapped one as the IPv4 address."""
+    if ":" not in host:
+        return host
+    try:
+        address = ipaddress.IPv6Address(host.split("%", 1)[0])
+    except ValueError:
+        return host
+    if address.ipv4_mapped is not None:
+        return str(address.ipv4_mapped)
+    return str(ipaddress.IPv6Network((address, 64), strict=False))
 
 
 def peer_in(scope: Mapping[str, Any]) -> Peer | None:

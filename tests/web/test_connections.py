@@ -23,7 +23,16 @@ from support.reports import now_report
 
 from gpumon.client import protocol as P
 from gpumon.config import ConfigError, resolve
-from gpumon.web.connections import FD_RESERVE, SLOW_READ, Gate, Limits, _host, connection_cap
+from gpumon.web.connections import (
+    FD_RESERVE,
+    FIRST_REQUEST_GRACE,
+    LOOP_RATE,
+    SLOW_READ,
+    Gate,
+    Limits,
+    _host,
+    connection_cap,
+)
 
 # --- the gate, alone ------------------------------------------------------------------------------
 
@@ -41,6 +50,9 @@ class FakeConn:
     ) -> None:
         self.name, self._idle, self.dropped = name, idle, ""
         self.client = client
+        self.rate = 0.0
+        self.opened: float | None = None
+        self.answered = 0
         self.unix = unix
         self._since = reading_since
         self._asked = answering_since
@@ -50,6 +62,9 @@ class FakeConn:
 
     def answering_since(self) -> float | None:
         return self._asked
+
+    def answer_rate(self, now: float) -> float:
+        return self.rate
 
     def idle(self) -> bool:
         return self._idle
@@ -156,6 +171,55 @@ def test_with_every_connection_new_to_its_request_the_address_holding_most_gives
     comer = FakeConn("another", idle=False, client=("10.0.0.3", 1))
     gate.admit(comer)
     assert comer.dropped == "shed" and hog[1].dropped == "", "one each: the newcomer, as before"
+
+
+def test_with_one_connection_per_address_the_fastest_loop_gives_way() -> None:
+    """Found by review: 64 connections from 64 loopback addresses, each answered back to back, turned
+    every newcomer away (and on the unix socket every rank is one "address"). With nothing else to shed,
+    the connection answered fastest over its life, at LOOP_RATE or more, goes."""
+    conns = [FakeConn(f"c{i}", idle=False, client=(f"127.0.0.{i + 2}", 1)) for i in range(3)]
+    conns[0].rate, conns[1].rate, conns[2].rate = 1.0, 400.0, 90.0  # a scraper's keep-alive, two loops
+    for c in conns:
+        gate.admit(c)
+    probe = FakeConn("probe", idle=False, client=("127.0.0.1", 9))
+    gate.admit(probe)
+    assert [c.dropped for c in conns] == ["", "shed", ""] and probe.dropped == ""
+    gate.release(conns[2])
+    calm = FakeConn("rank", idle=False, client=("127.0.0.9", 9))
+    calm.rate = LOOP_RATE - 1
+    gate.admit(calm)
+    comer = FakeConn("another", idle=False, client=("127.0.0.8", 9))
+    gate.admit(comer)
+    assert comer.dropped == "shed", "nobody loops: the newcomer, as before"
+
+
+def test_a_connection_whose_first_request_is_on_its_way_is_not_taken_for_idle() -> None:
+    """Found by review: a probe admitted before its request had arrived counted as the newest idle
+    connection, and the next loop reconnecting pushed it out. For FIRST_REQUEST_GRACE after connecting it
+    is shed only where nothing else can be (a flood of connections that never send)."""
+    served = FakeConn("keep-alive", client=("10.0.0.2", 1))
+    served.opened, served.answered = NOW - 60, 3
+    loop = FakeConn("loop", idle=False, client=("10.0.0.3", 1))
+    loop.rate = 100.0
+    probe = FakeConn("probe", client=("10.0.0.1", 1))
+    probe.opened = NOW - FIRST_REQUEST_GRACE / 2
+    for c in (served, loop, probe):
+        gate.admit(c)
+    gate.admit(FakeConn("comer", idle=False, client=("10.0.0.4", 1)))
+    assert (served.dropped, loop.dropped, probe.dropped) == ("shed", "", "")
+    gate.admit(FakeConn("comer 2", idle=False, client=("10.0.0.5", 1)))
+    assert (loop.dropped, probe.dropped) == ("shed", ""), "a loop before a connection just arrived"
+
+
+def test_a_flood_of_young_silent_connections_sheds_its_newest() -> None:
+    flood = [FakeConn(f"f{i}") for i in range(3)]
+    for c in flood:
+        c.opened = NOW
+        gate.admit(c)
+    comer = FakeConn("comer")
+    comer.opened = NOW
+    gate.admit(comer)
+    assert [c.dropped for c in flood] == ["", "", "shed"] and comer.dropped == ""
 
 
 def test_an_ipv6_client_counts_as_its_64_and_a_mapped_ipv4_as_itself() -> None:
@@ -652,7 +716,7 @@ def test_probes_and_ranks_keep_their_lanes_behind_stalled_bodies(lanes: tuple[Da
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("kind", "loops"), [("select", 80), ("gpus", 80)])
+@pytest.mark.parametrize(("kind", "loops"), [("select", 80), ("gpus", 80), ("spread", 64)])
 def test_probes_get_in_and_are_answered_while_busy_loops_fill_the_cap(kind: str, loops: int) -> None:
     """Found by review: 80 keep-alive loops of distinct name[] selections against --max-connections 64 kept
     every connection answering (queued behind the render lock), so each probe was the newcomer turned away
