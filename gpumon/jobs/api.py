@@ -32,7 +32,7 @@ from gpumon.jobs.jobjson import job_json
 from gpumon.jobs.physics import check_start
 from gpumon.jobs.store import Conflict, Impostor, LimitExceeded, Stale
 from gpumon.web.listen import is_loopback, via_unix_socket
-from gpumon.web.peer import Abandoned, client_gone, peer_in
+from gpumon.web.peer import peer_in
 from gpumon.web.shared import SharedDocuments
 
 
@@ -254,13 +254,9 @@ def router(
     api = APIRouter()
 
     async def shared(request: Request, key: Hashable, build: Callable[[], tuple[int, bytes]]) -> Response:
-        if docs is None:
-            status, body = await asyncio.to_thread(build)
-        else:
-            try:
-                status, body = await docs.get(key, build, lambda: client_gone(request.scope))
-            except Abandoned:
-                return Response(status_code=499)  # written to nobody: uvicorn drops it
+        if docs is not None:
+            return await docs.answer(request.scope, key, build)
+        status, body = await asyncio.to_thread(build)
         return Response(body, status_code=status, media_type="application/json")
 
     def _json(doc: object, status: int = 200) -> tuple[int, bytes]:

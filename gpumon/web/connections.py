@@ -175,20 +175,19 @@ class Gate:
         held = Counter(_host(c) for c in (*others, conn))  # per address, the newcomer's included
         floor = held[_host(conn)]
         order = {c: i for i, c in enumerate(others)}
-        pool = others
         now = self.clock()
-        idle = [c for c in pool if c.sheddable()]
+        idle = [c for c in others if c.sheddable()]
         settled = [c for c in idle if not _arriving(c, now)]
         if settled:
             return max(settled, key=lambda c: (held[_host(c)], order[c]))
         for since, limit in (("reading_since", SLOW_READ), ("answering_since", SLOW_ANSWER)):
-            waited = [(t, c) for c in pool if (t := getattr(c, since)()) is not None and now - t >= limit]
+            waited = [(t, c) for c in others if (t := getattr(c, since)()) is not None and now - t >= limit]
             if waited:
                 return min(waited, key=lambda x: x[0])[1]
-        heavy = [c for c in pool if held[_host(c)] > floor]
+        heavy = [c for c in others if held[_host(c)] > floor]
         if heavy:
             return max(heavy, key=lambda c: (held[_host(c)], order[c]))
-        rates = [(rate(now), c) for c in pool if (rate := getattr(c, "answer_rate", None)) is not None]
+        rates = [(rate(now), c) for c in others if (rate := getattr(c, "answer_rate", None)) is not None]
         loops = [(r, c) for r, c in rates if r >= LOOP_RATE]
         if loops:
             return max(loops, key=lambda x: x[0])[1]

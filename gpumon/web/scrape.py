@@ -101,7 +101,7 @@ class Selections:
 
 
 BUSY = (
-    f"busy: {MAX_SELECTING} name[] scrapes are already waiting; retry in a moment, or scrape without name[]\n"
+    f"busy: {MAX_SELECTING} name[] scrapes are already waiting; retry in a moment, or scrape without name[]"
 )
 
 

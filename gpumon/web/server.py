@@ -220,11 +220,7 @@ def create_app(
 
         # shared: found by review, 80 loops of /v1/gpus each built their 40 KB on a thread of their own and
         # put 9 of 47 probes over 250 ms
-        try:
-            status, body = await docs.get(("gpus",), build, lambda: client_gone(request.scope))
-        except Abandoned:
-            return Response(status_code=499)  # written to nobody: uvicorn drops it
-        return Response(body, status_code=status, media_type="application/json")
+        return await docs.answer(request.scope, ("gpus",), build)
 
     document = page.render(backend, jobs=training is not None, node=node)
 

@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
-from gpumon.web.peer import Abandoned
+from starlette.responses import Response
+
+from gpumon.web.peer import Abandoned, client_gone
 
 MAX_DOCUMENTS = 64  # kept at once (one per job, and the lists): a flood of made-up job names cannot grow it
 
@@ -64,6 +67,16 @@ class SharedDocuments:
                 self._docs.clear()
             self._docs[key] = Document(status, body, state, started)
             return status, body
+
+    async def answer(
+        self, scope: Mapping[str, Any], key: Hashable, build: Callable[[], tuple[int, bytes]]
+    ) -> Response:
+        """``get`` as a JSON response for the request of ``scope``; 499 (written to nobody) if it left."""
+        try:
+            status, body = await self.get(key, build, lambda: client_gone(scope))
+        except Abandoned:
+            return Response(status_code=499)  # uvicorn drops it
+        return Response(body, status_code=status, media_type="application/json")
 
     def _fresh(self, doc: Document) -> bool:
         return doc.state == self._state() and self._clock() - doc.started < self._max_age
