@@ -145,7 +145,10 @@ def test_a_read_made_late_by_the_daemons_own_threads_is_not_a_gpu_fault(sims, sa
     sampler = samplers(sim, interval=1.0, timeout=0.02)
     sampler.sweep()
     with _Hogs(3):
+        # until the hogs have made a read late (most runs: the first sweeps; a quiet host may take more)
         snaps = [sampler.sweep() for _ in range(8)]
+        while not any(k[2:] == ("read", "late") for k in snaps[-1].errors) and len(snaps) < 80:
+            snaps.append(sampler.sweep())
     assert all(up(s) == [True] * 4 for s in snaps), [up(s) for s in snaps]
     errors = snaps[-1].errors
     assert not [k for k in errors if k[3] == "deadline_exceeded"], errors
