@@ -28,7 +28,8 @@ from gpumon.dashboards.variables import common_variables, query_variable
 
 UID = "gpumon-training"
 BASE = 'job=~"$job",job_name=~"$job_name"'  # baseline gauges: the same on every node of a job
-STEP_BUCKETS = f"gpumon_training_step_duration_seconds_bucket{{{RAW}}}"
+# a job's steps on each node in one histogram (the per-rank buckets are opt-in: rank-step-buckets)
+STEP_BUCKETS = f"gpumon_training_job_step_duration_seconds_bucket{{{RAW}}}"
 
 
 def baseline(metric: str) -> str:
@@ -155,10 +156,11 @@ def _throughput() -> list[Panel | Row]:
         ),
         timeseries(
             "Achieved FLOP/s by node",
-            "Model FLOP/s of the job's ranks on each node: tokens/s x FLOPs per token.",
+            "Model FLOP/s of the job's ranks on each node: tokens/s x FLOPs per token (ranks on GPUs with "
+            "a known peak).",
             FLOPS,
             Target(
-                named(f"sum by (job_name, instance) (gpumon_training_flops_per_second{{{RAW}}})"),
+                named(f"max by (job_name, instance) (gpumon_training_job_flops_per_second{{{RAW}}})"),
                 NODE,
             ),
             width=8,
@@ -167,9 +169,13 @@ def _throughput() -> list[Panel | Row]:
 
 
 def _steps() -> list[Panel | Row]:
-    # A node's mean step time over its ranks; the slowest node is the highest of these. No instance_job_name
-    # rule holds it, so it comes from the per-rank gauge (a job's ranks on every node, like the rules).
-    node_step_time = f"avg by (job_name, instance) (gpumon_training_step_time_seconds{{{JOB}}})"
+    # A node's mean step time over its ranks (its job histogram's sum over its count); the slowest node is
+    # the highest of these. Every node of the job, like the rules.
+    hist = "gpumon_training_job_step_duration_seconds"
+    node_step_time = (
+        f"max by (job_name, instance) (rate({hist}_sum{{{JOB}}}[$__rate_interval]))"
+        f" / (max by (job_name, instance) (rate({hist}_count{{{JOB}}}[$__rate_interval])) > 0)"
+    )
 
     def quantile(q: float) -> Target:
         expr = f"histogram_quantile({q}, sum by (job_name, le) (rate({STEP_BUCKETS}[$__rate_interval])))"
@@ -179,9 +185,9 @@ def _steps() -> list[Panel | Row]:
         Row("Step time"),
         timeseries(
             "Step time vs baseline",
-            "Mean step time of the job (each rank's mean over the daemon's sliding window, averaged over "
-            "all its ranks on every node), the slowest node's (the highest of the nodes' averages over "
-            "their ranks), and the baseline's (dashed).",
+            "Mean step time of the job over a minute (all its steps on every node), the slowest "
+            "node's over the rate interval (the highest of the nodes' means over their ranks), and the "
+            "baseline's (dashed).",
             SECONDS,
             Target(rule("step_time_seconds:avg"), "mean {{job_name}}"),
             Target(f"max by (job_name) ({node_step_time})", "slowest node {{job_name}}"),
@@ -191,16 +197,16 @@ def _steps() -> list[Panel | Row]:
         timeseries(
             "Step duration quantiles",
             "Median, 90th and 99th percentile of the time between optimizer steps over the rate interval, "
-            "from the step histograms of all the job's ranks on the selected nodes.",
+            "from the step histograms of the job on the selected nodes (every rank's steps).",
             SECONDS,
             *[quantile(q) for q in (0.5, 0.9, 0.99)],
         ),
         heatmap(
             "Step duration distribution",
-            "Steps per second by how long they took (gpumon_training_step_duration_seconds), over the rate "
-            "interval. Each rank counts its own steps, and the histograms of every selected training job "
-            "and node are summed into one: select a single job to see only its steps. A second band above "
-            "the main one is a periodic stall: checkpoints, evaluation, a slow rank.",
+            "Steps per second by how long they took (gpumon_training_job_step_duration_seconds), over the "
+            "rate interval. Each rank's steps count, and the histograms of every selected training job and "
+            "node are summed into one: select a single job to see only its steps. A second band above the "
+            "main one is a periodic stall: checkpoints, evaluation, a slow rank.",
             SECONDS,
             Target(f"sum by (le) (rate({STEP_BUCKETS}[$__rate_interval]))", "{{le}}", "heatmap"),
             cell_unit=PER_SECOND,

@@ -29,8 +29,10 @@ def goodput() -> list[Panel | Row]:
     per_rank = "sum by (job_name, rank, instance)"
 
     def per_interval(counter: str, legend: str) -> Target:
+        # these counters are absent until a rank's first event: a job without one reads 0, not "no data"
         return Target(
-            f"sum by (job_name) (increase(gpumon_training_{counter}_total{{{RAW}}}[$__rate_interval]))",
+            f"sum by (job_name) (increase(gpumon_training_{counter}_total{{{RAW}}}[$__rate_interval]))"
+            f" or 0 * count by (job_name) (gpumon_training_steps_total{{{RAW}}})",
             legend,
         )
 
@@ -86,7 +88,11 @@ def goodput() -> list[Panel | Row]:
             "Share of each rank's reserved memory that holds no tensor (1 - allocated/reserved). High "
             "together with allocation retries: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True.",
             RATIO,
-            Target(f"{per_rank} (gpumon_training_allocator_fragmentation_ratio{{{RAW}}})", RANK),
+            Target(
+                f"1 - {per_rank} (gpumon_training_allocator_allocated_bytes{{{RAW}}})"
+                f" / ({per_rank} (gpumon_training_allocator_reserved_bytes{{{RAW}}}) > 0)",
+                RANK,
+            ),
             width=7,
             hi=1,
         ),

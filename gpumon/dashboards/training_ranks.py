@@ -53,12 +53,12 @@ def diagnosis() -> list[Panel | Row]:
             hide=("Time", "__name__", "job", "Value"),
         ),
         timeseries(
-            "Ranks by bottleneck",
-            "How many ranks each verdict holds over time: a change of verdict is when the job's behaviour "
-            "changed.",
+            "Nodes by bottleneck",
+            "How many of the job's nodes each verdict holds over time: a change of verdict is when the job's "
+            "behaviour changed.",
             COUNT,
             Target(
-                f"count by (job_name, bottleneck) (gpumon_training_bottleneck{{{RAW}}} == 1)",
+                f"count by (job_name, bottleneck) (gpumon_training_job_bottleneck{{{RAW}}} == 1)",
                 "{{job_name}} {{bottleneck}}",
             ),
             stack=True,
@@ -82,6 +82,12 @@ def diagnosis() -> list[Panel | Row]:
 
 def stragglers() -> list[Panel | Row]:
     per_rank = "sum by (job, instance, job_name, rank)"
+
+    def rate(counter: str, more: str = "") -> str:
+        return f"rate(gpumon_training_{counter}{{{RAW}{more}}}[$__rate_interval])"
+
+    communication = rate("phase_seconds_total", ',phase="communication"')
+
     return [
         Row("Stragglers"),
         timeseries(
@@ -137,28 +143,35 @@ def stragglers() -> list[Panel | Row]:
             ),
         ),
         timeseries(
-            "Straggler score by rank",
-            "How much slower each rank is than the median rank of its job on the same node: 0 at or faster "
-            "than the median, 50 % twice as slow.",
+            "Rank time per token vs job median",
+            "Ranks that report no communication phase: each one's time per token (over a minute) over the "
+            "median such rank of its job across all nodes; 125 % and more for five minutes is a straggler.",
             RATIO,
-            Target(named(f"gpumon_training_straggler_score{{{RAW}}}"), RANK),
-            hi=1,
+            Target(
+                named(
+                    "instance_job_name_rank:gpumon_training_time_per_token_vs_job_median:ratio"
+                    f"{{{NODE_OF_JOB}}}"
+                ),
+                RANK,
+            ),
         ),
         table(
             "Ranks",
-            "Each rank now: tokens/s, mean step time, MFU, straggler score and seconds since its last step.",
+            "Each rank now, from its counters over the rate interval: tokens/s, mean step time, share of "
+            "wall time in communication, and seconds since its last step.",
             COUNT,
-            Target(f"{per_rank} (gpumon_training_tokens_per_second{{{RAW}}})"),
-            Target(f"{per_rank} (gpumon_training_step_time_seconds{{{RAW}}})"),
-            Target(f"{per_rank} (gpumon_training_mfu_ratio{{{RAW}}})"),
-            Target(f"{per_rank} (gpumon_training_straggler_score{{{RAW}}})"),
+            Target(f"{per_rank} ({rate('tokens_total')})"),
+            Target(
+                f"{per_rank} ({rate('step_duration_seconds_sum')})"
+                f" / ({per_rank} ({rate('step_duration_seconds_count')}) > 0)"
+            ),
+            Target(f"{per_rank} ({communication})"),
             Target(f"{per_rank} (time() - gpumon_training_last_progress_timestamp_seconds{{{RAW}}})"),
             columns={
                 "Value #A": ("tokens/s", COUNT),
                 "Value #B": ("step time", SECONDS),
-                "Value #C": ("MFU", RATIO),
-                "Value #D": ("straggler score", RATIO),
-                "Value #E": ("since last step", SECONDS),
+                "Value #C": ("communication", RATIO),
+                "Value #D": ("since last step", SECONDS),
             },
         ),
     ]

@@ -91,6 +91,9 @@ class JobResult:
     mfu: float | None
     signals: Signals
     verdict: Verdict
+    # the achieved and peak FLOP/s of the running ranks that have both (MFU's two sides)
+    flops: float | None = None
+    peak_flops: float | None = None
 
 
 def _sum(values: list[float | None]) -> float | None:
@@ -319,6 +322,11 @@ class Analysis:
         mfu = None
         if all(f is not None for f in flops) and all(p for p in peak):
             mfu = sum(f for f in flops if f is not None) / sum(p for p in peak if p)
+        # MFU's two sides over the ranks that have both, for the job's MFU across nodes: a rank on a GPU
+        # without a known peak must not inflate the numerator
+        both = [(f, p) for f, p in zip(flops, peak, strict=True) if f is not None and p]
+        flops_sum = sum(f for f, _ in both) if both else None
+        peak_sum = sum(p for _, p in both) if both else None
         sig = [r.signals for r in ranks]
         progressing = [s.progressing for s in sig if s.progressing is not None]
         shared = [s for s in sig if s.shared_with]
@@ -368,7 +376,8 @@ class Analysis:
         )
         runs = tuple(sorted(r.view.report.incarnation for r in ranks))  # a new run of the name starts afresh
         verdict = diagnose(signals, self.thresholds, lambda raw: self.holds.hold((job, runs), raw, now))
-        return JobResult(job, tuple(ranks), sum(known) if known else None, mfu, signals, verdict)
+        tokens = sum(known) if known else None
+        return JobResult(job, tuple(ranks), tokens, mfu, signals, verdict, flops_sum, peak_sum)
 
 
 # GPU signals, by how several GPUs (or several ranks) combine: activity averages, pressure is the worst

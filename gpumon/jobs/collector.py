@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client.core import Metric
@@ -16,9 +17,10 @@ from gpumon.baselines.watch import LibraryWatch
 from gpumon.client import protocol as P
 from gpumon.jobs.analysis import Analysis, JobResult, RankResult
 from gpumon.jobs.diagnosis import BOTTLENECKS
-from gpumon.jobs.families import RowFamily
-from gpumon.jobs.goodput.carry import CarryGate
 from gpumon.jobs.goodput.ledger import CAUSES, LedgerView
+from gpumon.jobs.series.families import RowFamily
+from gpumon.jobs.series.jobsteps import JobSteps
+from gpumon.jobs.series.zerofirst import ZeroFirst
 from gpumon.jobs.store import RankView
 
 OUTCOMES = (
@@ -34,8 +36,11 @@ OUTCOMES = (
     "conflict",
 )
 _ALWAYS = (M.INGEST_REPORTS, M.INGEST_EXPIRED, M.LIBRARY_ENTRIES, M.LIBRARY_OK)
-_PER_SCRAPE = [m for m in M.TRAINING_FLOW if m not in _ALWAYS]
 _LE = [*(floatToGoString(b) for b in P.BUCKETS), "+Inf"]  # "1.0", as prometheus_client writes it
+# a job's step-time buckets on the node: the ranks' from 10 ms (a training step under 10 ms is a toy's; the
+# per-rank buckets under rank-step-buckets keep the finer ones)
+JOB_STEP_FROM = 0.01
+_JOB_LE = {le for b, le in zip(P.BUCKETS, _LE, strict=False) if b >= JOB_STEP_FROM} | {"+Inf"}
 
 
 class IngestStats:
@@ -55,46 +60,98 @@ class IngestStats:
         return sum(self.counts.values())
 
 
-def _family(m: M.Metric) -> RowFamily:
-    return RowFamily(m.name, m.help, m.type, m.labels)
+def _family(m: M.Metric, typ: str | None = None) -> RowFamily:
+    return RowFamily(m.name, m.help, typ or m.type, m.labels)
 
 
 def _buckets(offset: tuple[float, ...], counts: tuple[float, ...]) -> list[tuple[str, float]]:
+    return _cumulative(tuple(a + b for a, b in zip(offset, counts, strict=True)))
+
+
+def _cumulative(counts: tuple[float, ...]) -> list[tuple[str, float]]:
     total = 0.0
     out = []
-    for le, a, b in zip(_LE, offset, counts, strict=True):
-        total += a + b
+    for le, n in zip(_LE, counts, strict=True):
+        total += n
         out.append((le, total))
     return out
 
 
+@dataclass
+class _Render:
+    """One render's families and what the collector keeps between renders."""
+
+    f: dict[str, Any]
+    first: ZeroFirst
+    steps: JobSteps
+    rates: bool  # rank-rates: the windowed figures per rank
+    buckets: bool  # rank-step-buckets
+    detail: bool  # rank-detail
+
+    def opt(self, m: M.Metric, labels: list[str], value: float | None) -> None:
+        if value is not None and m.name in self.f:
+            self.f[m.name].add_metric(labels, value)
+
+    def rare(self, m: M.Metric, labels: list[str], value: float | None, started: float | None = None) -> None:
+        """A counter of a rare event: absent until the first, then 0 before its value (zerofirst.py)."""
+        if value is None:
+            return
+        shown = self.first.value((labels[0], int(labels[1]), m.name, tuple(labels[2:])), value, started)
+        if shown is not None:
+            self.f[m.name].add_metric(labels, shown)
+
+
 class TrainingCollector:
-    def __init__(self, analysis: Analysis, stats: IngestStats, library: LibraryWatch | None = None) -> None:
+    def __init__(
+        self,
+        analysis: Analysis,
+        stats: IngestStats,
+        library: LibraryWatch | None = None,
+        details: frozenset[str] = frozenset(),
+    ) -> None:
         self.analysis = analysis
         self.stats = stats
         self.library = library
-        self.carry = CarryGate()
+        self.details = details
+        self.first = ZeroFirst(born=analysis.clock())
+        self.steps = JobSteps()
+        self._metrics = [m for m in M.TRAINING_FLOW if not m.detail or m.detail in details]
+        self._per_scrape = [m for m in self._metrics if m not in _ALWAYS]
+        self._step_type = "histogram" if "rank-step-buckets" in details else None
+
+    def _family(self, m: M.Metric) -> RowFamily:
+        return _family(m, self._step_type if m is M.STEP_DURATION else None)
 
     def describe(self) -> list[Metric]:
         """Every family this collector can yield, so ``/metrics?name[]=`` can select training series."""
-        return [_family(m) for m in M.TRAINING_FLOW]
+        return [self._family(m) for m in self._metrics]
 
     def collect(self) -> Iterator[Metric]:
-        f: dict[str, Any] = {m.name: _family(m) for m in _PER_SCRAPE}
+        out = _Render(
+            {m.name: self._family(m) for m in self._per_scrape},
+            self.first,
+            self.steps,
+            "rank-rates" in self.details,
+            "rank-step-buckets" in self.details,
+            "rank-detail" in self.details,
+        )
+        f = out.f
         lib = self.library.library() if self.library is not None else None
         now = self.analysis.clock()
         live: set[tuple[str, int]] = set()
-        for job in self.analysis.jobs(now):
-            _add_job(f, job, self.carry)
+        jobs = self.analysis.jobs(now)
+        for job in jobs:
+            _add_job(out, job)
             live.update((job.job, r.view.report.rank) for r in job.ranks)
             if lib is not None:
-                _add_baseline(f, job, lib, self.analysis.store.baseline_steps)
+                _add_baseline(out, job, lib, self.analysis.store.baseline_steps)
+        self.steps.keep(self.analysis.store.retained())
         exported = set(live)
         for job_name, rank, ledger in self.analysis.store.gone_ledgers(now):
             if (job_name, rank) not in live:  # it went between the two reads: exported above already
-                _add_ledger(f, [job_name, str(rank)], ledger, self.carry.held((job_name, rank), ledger)[0])
+                _add_ledger(out, [job_name, str(rank)], ledger)
                 exported.add((job_name, rank))
-        self.carry.keep(exported)
+        self.first.keep(exported)
         for job_name, lost in self.analysis.store.lost(now).items():
             f[M.RANKS_LOST.name].add_metric([job_name], lost)
         yield from (fam for fam in f.values() if fam.rows)
@@ -113,21 +170,21 @@ class TrainingCollector:
             yield ok
 
 
-def _opt(f: dict[str, Any], m: M.Metric, labels: list[str], value: float | None) -> None:
-    if value is not None:
-        f[m.name].add_metric(labels, value)
-
-
-def _add_job(f: dict[str, Any], j: JobResult, carry: CarryGate) -> None:
-    jl = [j.job]
+def _add_job(out: _Render, j: JobResult) -> None:
+    f, jl = out.f, [j.job]
     f[M.JOB_RANKS.name].add_metric([*jl, rank_ranges(r.view.report.rank for r in j.ranks)], len(j.ranks))
     if any(r.gone is None for r in j.ranks):  # a job with no rank running has no throughput to add up
-        _opt(f, M.JOB_TOKENS_RATE, jl, j.tokens_per_second)
-        _opt(f, M.JOB_MFU, jl, j.mfu)
-    for b in BOTTLENECKS:
-        f[M.JOB_BOTTLENECK.name].add_metric([*jl, b], 1 if j.verdict.bottleneck == b else 0)
+        out.opt(M.JOB_TOKENS_RATE, jl, j.tokens_per_second)
+        out.opt(M.JOB_MFU, jl, j.mfu)
+        out.opt(M.JOB_FLOPS, jl, j.flops)
+        out.opt(M.JOB_PEAK_FLOPS, jl, j.peak_flops)
+    f[M.JOB_BOTTLENECK.name].add_metric([*jl, j.verdict.bottleneck], 1)
     for r in j.ranks:
-        _add_rank(f, r, carry)
+        _add_rank(out, r)
+    steps = out.steps.get(j.job)
+    if steps is not None:
+        buckets = [(le, n) for le, n in _cumulative(steps[0]) if le in _JOB_LE]
+        f[M.JOB_STEP_DURATION.name].add_metric(jl, buckets, steps[1])
 
 
 RANGES_MAX = 120  # characters: a node's ranks are few; an odd spread of them is cut, not a huge label
@@ -145,9 +202,9 @@ def rank_ranges(ranks: Iterable[int]) -> str:
     return text if len(text) <= RANGES_MAX else text[: text.rfind(",", 0, RANGES_MAX - 3)] + ",..."
 
 
-def _add_rank(f: dict[str, Any], r: RankResult, carry: CarryGate) -> None:
+def _add_rank(out: _Render, r: RankResult) -> None:
+    f = out.f
     rep = r.view.report
-    held, moves = carry.held((rep.job, rep.rank), r.view.ledger)
     off = r.view.offsets
     rl = [rep.job, str(rep.rank)]
     f[M.RANK_INFO.name].add_metric(
@@ -166,9 +223,9 @@ def _add_rank(f: dict[str, Any], r: RankResult, carry: CarryGate) -> None:
     for u in r.gpus if r.counts else ():
         w = u.window
         f[M.RANK_GPU_INFO.name].add_metric([*rl, str(w.index), w.uuid, w.mig_uuid or "", u.via], 1)
-    f[M.LAST_REPORT.name].add_metric(rl, rep.time)
-    _opt(f, M.LAST_PROGRESS, rl, rep.updated)
-    f[M.RESTARTS.name].add_metric(rl, r.view.restarts + r.view.ledger.moves - moves)
+    out.opt(M.LAST_REPORT, rl, rep.time)
+    out.opt(M.LAST_PROGRESS, rl, rep.updated)
+    out.rare(M.RESTARTS, rl, r.view.restarts + r.view.ledger.moves, rep.started)
     totals = r.view.totals()
     f[M.STEPS.name].add_metric(rl, totals["steps"])
     f[M.TOKENS.name].add_metric(rl, totals["tokens"])
@@ -176,7 +233,14 @@ def _add_rank(f: dict[str, Any], r: RankResult, carry: CarryGate) -> None:
     if rep.kind == "inference" or totals["requests"]:
         f[M.REQUESTS.name].add_metric(rl, totals["requests"])
     h = rep.step_seconds
-    f[M.STEP_DURATION.name].add_metric(rl, _buckets(off.step_counts, h.counts), off.step_sum + h.sum)
+    counts = tuple(a + b for a, b in zip(off.step_counts, h.counts, strict=True))
+    step_sum = off.step_sum + h.sum
+    if out.buckets:
+        f[M.STEP_DURATION.name].add_metric(rl, _cumulative(counts), step_sum)
+    else:
+        f[M.STEP_DURATION.name].add_metric(rl, sum(counts), step_sum)
+    if rep.kind == "train":
+        out.steps.add(rep.job, rep.rank, counts, step_sum)
     if rep.request_seconds is not None:
         q = rep.request_seconds
         f[M.REQUEST_DURATION.name].add_metric(
@@ -184,52 +248,52 @@ def _add_rank(f: dict[str, Any], r: RankResult, carry: CarryGate) -> None:
         )
     for phase, seconds in r.view.phases().items():
         f[M.PHASE_SECONDS.name].add_metric([*rl, phase], seconds)
-    if r.counts:  # a rank gone, or loading, has no rates: the job's rules add up the ranks that step
-        _add_rates(f, rl, r)
-    for b in BOTTLENECKS:
-        f[M.BOTTLENECK.name].add_metric([*rl, b], 1 if r.verdict.bottleneck == b else 0)
+    if out.rates:
+        if r.counts:  # a rank gone, or loading, has no rates: the job's rules add up the ranks that step
+            _add_rates(out, rl, r)
+        for b in BOTTLENECKS:
+            f[M.BOTTLENECK.name].add_metric([*rl, b], 1 if r.verdict.bottleneck == b else 0)
     if rep.kind == "train":
-        _add_ledger(f, rl, r.view.ledger, held)
-    _add_allocator(f, rl, r.view)
+        _add_ledger(out, rl, r.view.ledger, rep.started)
+    _add_allocator(out, rl, r.view)
 
 
-def _add_rates(f: dict[str, Any], rl: list[str], r: RankResult) -> None:
+def _add_rates(out: _Render, rl: list[str], r: RankResult) -> None:
     rt = r.rates
-    _opt(f, M.TOKENS_RATE, rl, rt.tokens_per_second)
-    _opt(f, M.SAMPLES_RATE, rl, rt.samples_per_second)
-    _opt(f, M.STEP_TIME, rl, rt.step_time_seconds)
+    out.opt(M.TOKENS_RATE, rl, rt.tokens_per_second)
+    out.opt(M.SAMPLES_RATE, rl, rt.samples_per_second)
+    out.opt(M.STEP_TIME, rl, rt.step_time_seconds)
     for phase, ratio in sorted(rt.phase_ratios.items()):
-        f[M.PHASE_RATIO.name].add_metric([*rl, phase], ratio)
-    _opt(f, M.FLOPS, rl, r.flops)
-    _opt(f, M.PEAK_FLOPS, rl, r.peak.flops)
-    _opt(f, M.MFU, rl, r.mfu)
-    _opt(f, M.TOKENS_PER_JOULE, rl, r.tokens_per_joule)
-    _opt(f, M.STRAGGLER, rl, r.straggler)
+        out.f[M.PHASE_RATIO.name].add_metric([*rl, phase], ratio)
+    out.opt(M.FLOPS, rl, r.flops)
+    out.opt(M.PEAK_FLOPS, rl, r.peak.flops)
+    out.opt(M.MFU, rl, r.mfu)
+    out.opt(M.TOKENS_PER_JOULE, rl, r.tokens_per_joule)
+    out.opt(M.STRAGGLER, rl, r.straggler)
 
 
-def _add_ledger(f: dict[str, Any], rl: list[str], ledger: LedgerView, held: float) -> None:
-    """``held``: restart seconds carried from another node's process, not yet published (goodput/carry.py)."""
-    f[M.GOODPUT.name].add_metric(rl, ledger.goodput)
+def _add_ledger(out: _Render, rl: list[str], ledger: LedgerView, started: float | None = None) -> None:
+    out.f[M.GOODPUT.name].add_metric(rl, ledger.goodput)
     for cause in CAUSES:
-        seconds = ledger.badput[cause] - (held if cause == "restart" else 0.0)
-        f[M.BADPUT.name].add_metric([*rl, cause], seconds)
-    f[M.STEPS_REDONE.name].add_metric(rl, ledger.steps_redone)
+        out.rare(M.BADPUT, [*rl, cause], ledger.badput[cause], started)
+    out.rare(M.STEPS_REDONE, rl, ledger.steps_redone, started)
 
 
-def _add_allocator(f: dict[str, Any], rl: list[str], v: RankView) -> None:
+def _add_allocator(out: _Render, rl: list[str], v: RankView) -> None:
     m = v.report.memory
     if m is not None:
-        _opt(f, M.ALLOCATOR_ALLOCATED, rl, m.allocated_bytes)
-        _opt(f, M.ALLOCATOR_ALLOCATED_PEAK, rl, m.allocated_peak_bytes)
-        _opt(f, M.ALLOCATOR_RESERVED, rl, m.reserved_bytes)
-        _opt(f, M.ALLOCATOR_RESERVED_PEAK, rl, m.reserved_peak_bytes)
-        _opt(f, M.ALLOCATOR_FRAGMENTATION, rl, fragmentation(m.allocated_bytes, m.reserved_bytes))
+        out.opt(M.ALLOCATOR_ALLOCATED, rl, m.allocated_bytes)
+        out.opt(M.ALLOCATOR_RESERVED, rl, m.reserved_bytes)
+        if out.detail:
+            out.opt(M.ALLOCATOR_ALLOCATED_PEAK, rl, m.allocated_peak_bytes)
+            out.opt(M.ALLOCATOR_RESERVED_PEAK, rl, m.reserved_peak_bytes)
+            out.opt(M.ALLOCATOR_FRAGMENTATION, rl, fragmentation(m.allocated_bytes, m.reserved_bytes))
     # the counters stay once known, through a report without them: a series that went and came back lower
     # would read as a reset
     counts = v.allocator_counts()
     if counts is not None:
-        _opt(f, M.ALLOCATOR_RETRIES, rl, counts[0])
-        _opt(f, M.ALLOCATOR_OOMS, rl, counts[1])
+        out.rare(M.ALLOCATOR_RETRIES, rl, counts[0], v.report.started)
+        out.rare(M.ALLOCATOR_OOMS, rl, counts[1], v.report.started)
 
 
 def fragmentation(allocated: float | None, reserved: float | None) -> float | None:
@@ -239,7 +303,7 @@ def fragmentation(allocated: float | None, reserved: float | None) -> float | No
     return min(1.0, max(0.0, 1.0 - allocated / reserved))
 
 
-def _add_baseline(f: dict[str, Any], j: JobResult, lib: Library, steps: dict[str, float]) -> None:
+def _add_baseline(out: _Render, j: JobResult, lib: Library, steps: dict[str, float]) -> None:
     a = against(j, lib)
     note_baseline_step(steps, j.job, a)
     base, c = a.baseline, a.ratios
@@ -248,19 +312,20 @@ def _add_baseline(f: dict[str, Any], j: JobResult, lib: Library, steps: dict[str
     jl = [j.job]
     k = base.key
     info = [*jl, base.name, k.workload, k.gpu_model, str(k.gpus), k.dtype, k.flops_convention]
-    f[M.BASELINE_INFO.name].add_metric(info, 1)
+    out.f[M.BASELINE_INFO.name].add_metric(info, 1)
     b = base.figures
-    _opt(f, M.BASELINE_TOKENS, jl, b.tokens_per_second_per_gpu)
-    _opt(f, M.BASELINE_STEP_TIME, jl, b.step_time_seconds)
-    _opt(f, M.BASELINE_MFU, jl, b.mfu)
-    _opt(f, M.BASELINE_TPJ, jl, b.tokens_per_joule)
+    out.opt(M.BASELINE_TOKENS, jl, b.tokens_per_second_per_gpu)
+    out.opt(M.BASELINE_STEP_TIME, jl, b.step_time_seconds)
+    out.opt(M.BASELINE_MFU, jl, b.mfu)
+    out.opt(M.BASELINE_TPJ, jl, b.tokens_per_joule)
     ref = a.reference
     if ref is not None and ref.figures.tokens_per_second_per_gpu is not None:
-        f[M.SCALING_BASELINE.name].add_metric([*jl, str(ref.key.gpus)], ref.figures.tokens_per_second_per_gpu)
-    _opt(f, M.THROUGHPUT_RATIO, jl, c.tokens_per_second_per_gpu)
-    _opt(f, M.MFU_RATIO, jl, c.mfu)
-    _opt(f, M.STEP_TIME_RATIO, jl, c.step_time_seconds)
-    _opt(f, M.TPJ_RATIO, jl, c.tokens_per_joule)
+        per_gpu = ref.figures.tokens_per_second_per_gpu
+        out.f[M.SCALING_BASELINE.name].add_metric([*jl, str(ref.key.gpus)], per_gpu)
+    out.opt(M.THROUGHPUT_RATIO, jl, c.tokens_per_second_per_gpu)
+    out.opt(M.MFU_RATIO, jl, c.mfu)
+    out.opt(M.STEP_TIME_RATIO, jl, c.step_time_seconds)
+    out.opt(M.TPJ_RATIO, jl, c.tokens_per_joule)
 
 
 def note_baseline_step(steps: dict[str, float], job: str, a: Against) -> None:

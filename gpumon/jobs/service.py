@@ -28,8 +28,10 @@ class Training:
     library: LibraryWatch | None = None
     history: JobHistory | None = None
 
-    def collector(self) -> TrainingCollector:
-        return TrainingCollector(self.analysis, self.stats, self.library)
+    def collector(self, details: frozenset[str] = frozenset()) -> TrainingCollector:
+        """``details``: the --collect names; the training flow reads rank-rates, rank-step-buckets and
+        rank-detail."""
+        return TrainingCollector(self.analysis, self.stats, self.library, details)
 
     def state(self) -> tuple[Hashable, ...]:
         """What the training families depend on besides the GPU snapshot and the clock: the reports counted,

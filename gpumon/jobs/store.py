@@ -424,6 +424,12 @@ class JobStore:
                 if rank.report.kind == "train" and rank.ledger.since is not None
             ]
 
+    def retained(self) -> set[tuple[str, int]]:
+        """Every (job, rank) whose counters continue if it reports again: the ranks listed and those gone
+        whose offsets are kept (at most 5 x max_ranks in all)."""
+        with self._lock:
+            return set(self._ranks) | set(self._gone)
+
     def views(self, now: float) -> list[RankView]:
         with self._lock:
             self._expire(now)

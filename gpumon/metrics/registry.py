@@ -35,6 +35,15 @@ DETAILS: dict[str, str] = {
     "the performance state costs one NVML call per GPU)",
     "sampler-timing": "per GPU, the time its last read took and when it last succeeded (2 per GPU); the "
     "node's sweep time and gpumon_gpu_up stay",
+    "rank-rates": "per rank, the daemon's windowed figures: tokens and samples per second, step time, phase "
+    "shares, FLOP/s, peak FLOP/s, MFU, tokens per joule, the straggler score and the bottleneck one-hot "
+    "(19 per rank, and one per phase); the default has them per job on the node, and the recording "
+    "rules derive them from the per-rank counters",
+    "rank-step-buckets": "per rank, the step-time histogram's buckets (17 per rank: "
+    "gpumon_training_step_duration_seconds becomes a histogram); the default keeps each rank's step-time "
+    "sum and count (a summary, what the straggler rules read) and the buckets per job on the node",
+    "rank-detail": "per rank, the time of its latest report, the allocator's two peaks and its "
+    "fragmentation ratio (4 per rank); the default keeps allocated and reserved bytes",
 }
 ALL_DETAILS = "all"
 
@@ -107,8 +116,10 @@ def render_markdown() -> str:
         "show. The budget is that of a node with one process per GPU, no MIG and no XID yet: each further",
         "process adds 2 series, each XID code a GPU has seen 2, each MIG GPU instance up to 7 (one info",
         "series per compute instance, memory and activity per GPU instance); a training job adds its own",
-        "(`gpumon_training_*`, about 69 per rank). Debug detail is opt-in by name, like node_exporter's",
-        "collectors: `--collect NAME` (repeatable",
+        "(`gpumon_training_*`): about 16 per rank (11, one per phase it reports and one per badput cause",
+        "it has seen) and 23 per job on the node, at most 600 for 8 GPUs and an 8-rank job (a test holds",
+        'that too; docs/training.md, "What a rank costs in series"). Debug detail is opt-in by name, like',
+        "node_exporter's collectors: `--collect NAME` (repeatable",
         "or comma-separated; `GPUMON_COLLECT`, `collect = [...]` in the config file; `all` for everything).",
         "The metrics below carry the name in the *opt-in* column.",
         "",

@@ -4,6 +4,14 @@ Every series is per ``job_name`` (not ``job``: Prometheus owns that label for th
 the job-level rows, per ``rank`` (the global rank). Which GPUs a rank uses is in
 ``gpumon_training_rank_gpu_info``; join GPU series with
 ``* on(uuid) group_left(job_name, rank) gpumon_training_rank_gpu_info``.
+
+Per rank, by default, only the facts a rule cannot derive: counters (steps, tokens, samples, phase seconds,
+the ledger, the step-time sum and count) and a few gauges. What the daemon derives per rank over its window
+is per job on the node, and the rank-rates detail adds it back per rank. Counters of events most ranks
+never see (a badput cause, restarts, redone steps, allocator retries and OOMs) are absent until the first
+one, then served at 0 for two renders before their value (gpumon/jobs/series/zerofirst.py), so
+rate() and increase() see the first occurrence; a rule that needs a number where there is none adds
+``or vector(0)``.
 """
 
 from __future__ import annotations
@@ -37,6 +45,7 @@ LAST_REPORT = metric(
     RANK,
     "seconds",
     "SDK report",
+    detail="rank-detail",
 )
 LAST_PROGRESS = metric(
     "gpumon_training_last_progress_timestamp_seconds",
@@ -50,7 +59,8 @@ RESTARTS = metric(
     "gpumon_training_restarts_total",
     "counter",
     "Times the rank came back as a new process (a new SDK incarnation); counters continue across restarts. "
-    "A process that follows one on another node (the SDK's state directory) counts too.",
+    "A process that follows one on another node (the SDK's state directory) counts too. Absent until the "
+    "first restart, then 0 for two renders.",
     RANK,
     source="SDK report incarnation",
 )
@@ -70,9 +80,11 @@ REQUESTS = metric(
 )
 STEP_DURATION = metric(
     "gpumon_training_step_duration_seconds",
-    "histogram",
+    "summary",
     "Time between consecutive optimizer steps (the first step of a process only starts the clock, so the "
-    "count is steps less one per process start).",
+    "count is steps less one per process start): its sum and count, what the straggler rules read; a "
+    "histogram with buckets under --collect rank-step-buckets (per job: "
+    "gpumon_training_job_step_duration_seconds).",
     RANK,
     "seconds",
     "SDK step()",
@@ -96,13 +108,14 @@ PHASE_SECONDS = metric(
     "SDK phase()",
 )
 
-section("Training and inference jobs: derived by the daemon")
+section("Training and inference jobs: derived by the daemon per rank (opt-in: rank-rates)")
 TOKENS_RATE = metric(
     "gpumon_training_tokens_per_second",
     "gauge",
     "Tokens per second over the sliding window (--rate-window); 0 when no step landed in it.",
     RANK,
     source="window over reported totals",
+    detail="rank-rates",
 )
 SAMPLES_RATE = metric(
     "gpumon_training_samples_per_second",
@@ -110,6 +123,7 @@ SAMPLES_RATE = metric(
     "Samples per second over the sliding window.",
     RANK,
     source="window over reported totals",
+    detail="rank-rates",
 )
 STEP_TIME = metric(
     "gpumon_training_step_time_seconds",
@@ -118,6 +132,7 @@ STEP_TIME = metric(
     RANK,
     "seconds",
     "window over the step histogram",
+    detail="rank-rates",
 )
 PHASE_RATIO = metric(
     "gpumon_training_phase_ratio",
@@ -126,6 +141,7 @@ PHASE_RATIO = metric(
     (*RANK, "phase"),
     "ratio",
     "window over phase seconds",
+    detail="rank-rates",
 )
 FLOPS = metric(
     "gpumon_training_flops_per_second",
@@ -133,6 +149,7 @@ FLOPS = metric(
     "Achieved model FLOP/s: tokens per second times the reported FLOPs per token.",
     RANK,
     source="tokens/s x flops_per_token",
+    detail="rank-rates",
 )
 PEAK_FLOPS = metric(
     "gpumon_training_peak_flops_per_second",
@@ -141,6 +158,7 @@ PEAK_FLOPS = metric(
     "peak table (set --peak-tflops).",
     RANK,
     source="peak table by GPU name and dtype, or override",
+    detail="rank-rates",
 )
 MFU = metric(
     "gpumon_training_mfu_ratio",
@@ -149,6 +167,7 @@ MFU = metric(
     RANK,
     "ratio",
     "flops / peak",
+    detail="rank-rates",
 )
 TOKENS_PER_JOULE = metric(
     "gpumon_training_tokens_per_joule",
@@ -157,6 +176,7 @@ TOKENS_PER_JOULE = metric(
     "is split evenly among them).",
     RANK,
     source="tokens/s over nvmlDeviceGetTotalEnergyConsumption rate",
+    detail="rank-rates",
 )
 BOTTLENECK = metric(
     "gpumon_training_bottleneck",
@@ -165,6 +185,7 @@ BOTTLENECK = metric(
     "GET /v1/jobs/{job} and `gpumon diagnose`.",
     (*RANK, "bottleneck"),
     source="diagnosis",
+    detail="rank-rates",
 )
 STRAGGLER = metric(
     "gpumon_training_straggler_score",
@@ -174,6 +195,7 @@ STRAGGLER = metric(
     "data wait, where reported), else of the time per token.",
     RANK,
     source="diagnosis",
+    detail="rank-rates",
 )
 
 section("Training jobs: the goodput ledger, derived by the daemon")
@@ -196,7 +218,8 @@ BADPUT = metric(
     "successor's first step, on another node too where the SDK has a state directory), checkpoint, "
     "evaluation, data_wait, stall (no step, beyond those phases, for 4 recent mean step times, at least "
     "10 s), lost_progress (steps redone after resuming from an older checkpoint), slow_steps (excess over "
-    "the baseline step time). Every cause from 0.",
+    "the baseline step time). A cause is absent until the rank's first second of it, then 0 for two "
+    "renders (sum them with `or vector(0)` where a rule needs a number).",
     (*RANK, "cause"),
     "seconds",
     "SDK steps, phases, process start and resumed step",
@@ -204,7 +227,8 @@ BADPUT = metric(
 STEPS_REDONE = metric(
     "gpumon_training_steps_redone_total",
     "counter",
-    "Steps the rank computed again after resuming from a checkpoint older than its high-water step.",
+    "Steps the rank computed again after resuming from a checkpoint older than its high-water step; absent "
+    "until the first, then 0 for two renders.",
     RANK,
     source="SDK resumed_step",
 )
@@ -226,6 +250,7 @@ ALLOCATOR_ALLOCATED_PEAK = metric(
     RANK,
     "bytes",
     "torch.cuda.memory_stats() allocated_bytes.all.peak",
+    detail="rank-detail",
 )
 ALLOCATOR_RESERVED = metric(
     "gpumon_training_allocator_reserved_bytes",
@@ -243,6 +268,7 @@ ALLOCATOR_RESERVED_PEAK = metric(
     RANK,
     "bytes",
     "torch.cuda.memory_stats() reserved_bytes.all.peak",
+    detail="rank-detail",
 )
 ALLOCATOR_FRAGMENTATION = metric(
     "gpumon_training_allocator_fragmentation_ratio",
@@ -252,19 +278,21 @@ ALLOCATOR_FRAGMENTATION = metric(
     RANK,
     "ratio",
     "allocated / reserved",
+    detail="rank-detail",
 )
 ALLOCATOR_RETRIES = metric(
     "gpumon_training_allocator_retries_total",
     "counter",
     "Allocations that failed, made the allocator free its cache and synchronise, then succeeded; each costs "
-    "milliseconds. Across restarts.",
+    "milliseconds. Across restarts; absent until the first, then 0 for two renders.",
     RANK,
     source="torch.cuda.memory_stats() num_alloc_retries",
 )
 ALLOCATOR_OOMS = metric(
     "gpumon_training_allocator_ooms_total",
     "counter",
-    "CUDA out-of-memory errors the allocator raised, across restarts.",
+    "CUDA out-of-memory errors the allocator raised, across restarts; absent until the first, then 0 for "
+    "two renders.",
     RANK,
     source="torch.cuda.memory_stats() num_ooms",
 )
@@ -293,10 +321,37 @@ JOB_MFU = metric(
     "ratio",
     "sum flops / sum peak",
 )
+JOB_FLOPS = metric(
+    "gpumon_training_job_flops_per_second",
+    "gauge",
+    "Achieved model FLOP/s of the job's running ranks on this node that report their FLOPs per token and "
+    "have a known peak (sum), so that it matches the peak below.",
+    JOB,
+    source="sum of ranks' tokens/s x flops_per_token",
+)
+JOB_PEAK_FLOPS = metric(
+    "gpumon_training_job_peak_flops_per_second",
+    "gauge",
+    "Dense peak FLOP/s of the GPUs of the same ranks: the job's MFU across nodes is the sum of the FLOP/s "
+    "over the sum of these.",
+    JOB,
+    source="peak table by GPU name and dtype, or override",
+)
+JOB_STEP_DURATION = metric(
+    "gpumon_training_job_step_duration_seconds",
+    "histogram",
+    "Time between consecutive optimizer steps of the job's training ranks on this node, every rank's steps "
+    "in one histogram (the heatmap and quantiles of a job's step time). It keeps what ranks that left "
+    "the node counted, so it never goes back while the job is listed.",
+    JOB,
+    "seconds",
+    "sum of the ranks' step histograms",
+)
 JOB_BOTTLENECK = metric(
     "gpumon_training_job_bottleneck",
     "gauge",
-    "The job's diagnosed bottleneck on this node, one-hot.",
+    "The job's diagnosed bottleneck on this node: 1 with the verdict's bottleneck label, and no series for "
+    "the others (a change of verdict ends the old series).",
     (*JOB, "bottleneck"),
     source="diagnosis",
 )

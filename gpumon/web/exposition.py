@@ -71,7 +71,7 @@ class Renderer:
                 self._dotted.clear()
             series = 0
             for metric in families:
-                rows = getattr(metric, "rows", None)  # gpumon.jobs.families.RowFamily
+                rows = getattr(metric, "rows", None)  # gpumon.jobs.series.families.RowFamily
                 series += len(metric.samples) if rows is None else len(rows)
                 lines = None if rows is None else self._row_lines(metric, rows, openmetrics_format, dots)
                 if lines is None:  # a family of samples, or rows that need what only samples can do

@@ -47,7 +47,7 @@ def build_registry(
     if connections is not None:
         registry.register(connections)
     if training is not None:
-        registry.register(training.collector())
+        registry.register(training.collector(details))
     if compat == "dcgm":  # dcgm-exporter's names beside ours, for dashboards built on them
         registry.register(DcgmCompatCollector(source, node, compat_host_label))
     ProcessCollector(registry=registry)

@@ -79,6 +79,8 @@ def known_series() -> set[str]:
     for m in BY_NAME.values():
         if m.type == "histogram":
             names |= {m.name + suffix for suffix in ("_bucket", "_sum", "_count")}
+        if m.type == "summary":
+            names |= {m.name + suffix for suffix in ("_sum", "_count")}
     return names | recording_rules()
 
 
@@ -191,7 +193,7 @@ def test_panel_types_are_modern() -> None:
 def test_step_time_heatmap_reads_the_histogram_buckets() -> None:
     heatmaps = [p for uid, p in visual_panels() if uid == "gpumon-training" and p["type"] == "heatmap"]
     assert any(
-        t["format"] == "heatmap" and "gpumon_training_step_duration_seconds_bucket" in t["expr"]
+        t["format"] == "heatmap" and "gpumon_training_job_step_duration_seconds_bucket" in t["expr"]
         for p in heatmaps
         for t in p["targets"]
     )
@@ -354,11 +356,13 @@ def test_queries_mean_what_their_panels_say(tmp_path: Path) -> None:
         f'gpumon_xid_info{{{a},{xid74},description="NVLink error",action="reset"}}': "1x60",
         f'gpumon_xid_info{{{b},{xid74},description="NVLink Error",action="drain"}}': "1x60",
         f'gpumon_xid_info{{{b.replace("gpumon", "twice")},{xid74},description="NVLink",action="x"}}': "1x60",
-        # a job whose slowest rank (1.2 s, node b) is not on its slowest node (a: mean 1.0 s, b: 0.7 s)
-        f'gpumon_training_step_time_seconds{{{a},job_name="j",rank="0"}}': "1x60",
-        f'gpumon_training_step_time_seconds{{{a},job_name="j",rank="1"}}': "1x60",
-        f'gpumon_training_step_time_seconds{{{b},job_name="j",rank="2"}}': "1.2x60",
-        f'gpumon_training_step_time_seconds{{{b},job_name="j",rank="3"}}': "0.2x60",
+        # a job whose slowest rank (1.2 s, node b) is not on its slowest node (a: two ranks of 1 s steps,
+        # mean 1.0 s; b: 50 steps of 1.2 s and 300 of 0.2 s a minute, mean 0.34 s), from each node's
+        # job histogram
+        f'gpumon_training_job_step_duration_seconds_count{{{a},job_name="j"}}': "0+120x60",
+        f'gpumon_training_job_step_duration_seconds_sum{{{a},job_name="j"}}': "0+120x60",
+        f'gpumon_training_job_step_duration_seconds_count{{{b},job_name="j"}}': "0+350x60",
+        f'gpumon_training_job_step_duration_seconds_sum{{{b},job_name="j"}}': "0+120x60",
     }
     fleet, training, node = "gpumon-fleet", "gpumon-training", "gpumon-node"
     expected = [

@@ -265,6 +265,8 @@ def test_rules_use_only_known_metrics(groups: list[dict[str, Any]]) -> None:
     for m in BY_NAME.values():
         if m.type == "histogram":
             known |= {m.name + s for s in ("_bucket", "_sum", "_count")}
+        if m.type == "summary":
+            known |= {m.name + s for s in ("_sum", "_count")}
     used: set[str] = set()
     for rule in alerting.all_rules(groups):
         names = metric_names(rule["expr"])

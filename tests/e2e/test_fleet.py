@@ -421,7 +421,8 @@ def _straggler(r: Run) -> None:
     by_node = [sum(busy[PER_NODE * i + k] for k in range(PER_NODE)) / PER_NODE for i in range(NODES)]
     r.figures["node_ratio_truth"] = round(by_node[1] / median(by_node), 3)
     r.figures["node0_communication_share"] = r.prom.scalar(
-        f'avg(gpumon_training_phase_ratio{{{J},instance="{r.instance(0)}",phase="communication"}})'
+        "avg(rate(gpumon_training_phase_seconds_total"
+        f'{{{J},instance="{r.instance(0)}",phase="communication"}}[1m]))'
     )
     r.phases["straggler"] = (onset, end)
 

@@ -115,11 +115,11 @@ def test_every_bucket_equals_what_the_loop_injected(daemon, tmp_path: Path) -> N
         first.send_signal(signal.SIGKILL)  # no final report: the rank died
         first.wait(10)
         time.sleep(2.5)  # the scheduler notices and starts the job again
-        # meanwhile the rank is gone, but its ledger is still exported, frozen: the restart's gap will land
-        # on a series Prometheus already has
+        # meanwhile the rank is gone, but its ledger is still exported, frozen; no restart yet, so no
+        # restart series (it is born at 0 when the gap lands, then takes its value)
         assert d.get(f"/v1/jobs/{JOB}").status_code == 404
         gap = _served(d.get("/metrics").text)
-        assert gap["goodput"] > 0 and gap["restart"] == 0
+        assert gap["goodput"] > 0 and "restart" not in gap
         second, _ = _start(
             d.url,
             log2,
@@ -134,7 +134,13 @@ def test_every_bucket_equals_what_the_loop_injected(daemon, tmp_path: Path) -> N
             "--stall",
             "12",
         )
-        assert second.wait(120) == 0
+        # scraped while it runs, as Prometheus would: a cause's first seconds show after renders at 0
+        deadline = time.monotonic() + 120
+        while second.poll() is None:
+            assert time.monotonic() < deadline, "the second process did not finish"
+            d.get("/metrics")
+            time.sleep(0.25)
+        assert second.returncode == 0
     finally:
         for proc in (first,):
             if proc.poll() is None:
@@ -143,13 +149,14 @@ def test_every_bucket_equals_what_the_loop_injected(daemon, tmp_path: Path) -> N
     truth = _truth(_events(log1), _events(log2), popen)
     served = _served(d.get("/metrics").text)
     wall = end - popen
+    # a cause never seen has no series (zerofirst.py): 0
     off = {
-        bucket: (served[bucket], injected)
+        bucket: (served.get(bucket), injected)
         for bucket, injected in truth.items()
-        if abs(served[bucket] - injected) > _tolerance(injected)
+        if abs(served.get(bucket, 0.0) - injected) > _tolerance(injected)
     }
     assert not off, f"(served, injected) off by more than their tolerance: {off}"
-    assert served["slow_steps"] == 0.0  # no baseline
+    assert "slow_steps" not in served  # no baseline
     assert served["steps_redone"] == 20  # steps 21-40, the first of them in the restart's time
     accounted = sum(v for k, v in served.items() if k != "steps_redone")
     assert accounted == pytest.approx(sum(truth.values()), abs=0.02 * wall)

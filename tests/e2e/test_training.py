@@ -44,7 +44,7 @@ def test_train_tiny_against_the_daemon_matches_the_script_within_one_percent(dae
     assert value(metrics, "gpumon_training_steps_total", "tiny-e2e") == mine["steps"] == 60
     assert value(metrics, "gpumon_training_tokens_total", "tiny-e2e") == mine["tokens"]
     # the run is over: its rank no longer counts in the job's throughput, MFU or GPUs on /metrics ...
-    for gone in ("tokens_per_second", "mfu_ratio", "peak_flops_per_second", "rank_gpu_info"):
+    for gone in ("job_tokens_per_second", "job_mfu_ratio", "job_peak_flops_per_second", "rank_gpu_info"):
         with pytest.raises(AssertionError, match="not served"):
             value(metrics, f"gpumon_training_{gone}", "tiny-e2e")
 

@@ -90,7 +90,7 @@ def _report(life: Life, now: float, s: dict[str, Any]) -> dict[str, Any]:
 def _counters(c: TrainingCollector) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     out = {}
     for fam in c.collect():
-        if fam.type not in ("counter", "histogram"):
+        if fam.type not in ("counter", "histogram", "summary"):
             continue
         for s in fam.samples:
             if s.name.endswith("_created"):

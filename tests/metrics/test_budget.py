@@ -107,9 +107,13 @@ ADDS = {
 }
 
 
+# what each training detail adds per rank (test_training_series.py measures them)
+RANK_ADDS = {"rank-rates": 19, "rank-step-buckets": 17, "rank-detail": 4}
+
+
 def test_every_detail_is_documented_with_what_it_adds() -> None:
-    assert set(ADDS) == set(M.DETAILS)
-    for name, n in ADDS.items():
+    assert set(ADDS) | set(RANK_ADDS) == set(M.DETAILS)
+    for name, n in (ADDS | RANK_ADDS).items():
         assert f"({n} " in M.DETAILS[name] or f"{n} per" in M.DETAILS[name], name
     assert all(m.detail in M.DETAILS for m in M.REGISTRY if m.detail)
 

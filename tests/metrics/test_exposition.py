@@ -126,7 +126,8 @@ def test_golden_exposition(mixed_node, monkeypatch) -> None:
 
 def test_every_registered_metric_is_served_and_nothing_else(mixed_node) -> None:
     snap = pinned(mixed_node)
-    text = exposition(snap, jobs(snap), serving=Gate(Limits()), details=frozenset(M.DETAILS))
+    every = frozenset(M.DETAILS)
+    text = exposition(snap, jobs(snap, every), serving=Gate(Limits()), details=every)
     served = {f.name for f in text_string_to_metric_families(text)}
     registered = {m.name.removesuffix("_total") if m.type == "counter" else m.name for m in M.REGISTRY}
     assert registered - served == set(), "registered but never served"
@@ -195,7 +196,7 @@ UNIT_SUFFIX = {
 @pytest.mark.parametrize("m", M.REGISTRY, ids=lambda m: m.name)
 def test_metric_names_follow_prometheus_conventions(m: M.Metric) -> None:
     assert re.fullmatch(r"gpumon_[a-z0-9_]+", m.name)
-    assert m.type in ("gauge", "counter", "histogram")
+    assert m.type in ("gauge", "counter", "histogram", "summary")
     if m.type == "counter":
         assert m.name.endswith("_total")
     else:

@@ -17,20 +17,22 @@ from gpumon.jobs.store import JobStore
 from support.reports import report
 
 
-def jobs(snap) -> TrainingCollector:
+def jobs(snap, details: frozenset[str] = frozenset()) -> TrainingCollector:
     """A training job of two ranks (one restarted, with phases) and an inference server, at a fixed clock."""
     now = snap.timestamp
     store = JobStore(max_jobs=4, max_ranks=8, ttl=600.0, window=60.0)
     phases = {"data_wait": 1.25, "communication": 2.5}
     first = report(40, started=now - 30, phases=phases, world_size=2)
-    restarted = report(20, started=now - 2.5, incarnation="b0b0b0b0", phases=phases, world_size=2)
+    # it resumed from step 35 of the 40 its predecessor made: 5 steps redone
+    kw = {"incarnation": "b0b0b0b0", "phases": phases, "world_size": 2, "resumed_step": 35}
+    restarted = report(20, started=now - 2.5, **kw)
     half = {"data_wait": 0.5, "communication": 1.5}
     earlier = report(10, started=now - 2.5, rank=1, world_size=2, devices=["1"], phases=half)
     other = report(20, started=now - 2.5, rank=1, world_size=2, devices=["1"], phases=phases)
     other["memory"] = {  # a PyTorch rank on CUDA: its allocator's view
         "device": 0, "allocated_bytes": 30 << 30, "allocated_peak_bytes": 36 << 30,
         "reserved_bytes": 40 << 30, "reserved_peak_bytes": 42 << 30, "active_bytes": 31 << 30,
-        "active_peak_bytes": 36 << 30, "inactive_split_bytes": 1 << 30, "alloc_retries": 3, "ooms": 0,
+        "active_peak_bytes": 36 << 30, "inactive_split_bytes": 1 << 30, "alloc_retries": 3, "ooms": 1,
     }  # fmt: skip
     # rank 0 of a two-GPU server (rank 1 on another node): its one-GPU baseline is a scaling reference
     chat = {"job": "chat", "kind": "inference", "devices": ["2"], "dtype": "bf16", "peak_flops": 150e12}
@@ -57,4 +59,4 @@ def jobs(snap) -> TrainingCollector:
     B.save(str(path), B.Library((ref, one)))
     watch = LibraryWatch(str(path), clock=lambda: 0.0)  # read once, at creation
     shutil.rmtree(path.parent)
-    return TrainingCollector(Analysis(store, lambda: snap, clock=lambda: now), stats, watch)
+    return TrainingCollector(Analysis(store, lambda: snap, clock=lambda: now), stats, watch, details)

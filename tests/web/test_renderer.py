@@ -17,7 +17,7 @@ from prometheus_client.openmetrics.exposition import generate_latest as generate
 from support.jobs import jobs
 
 from gpumon.gpu.collector import SnapshotCollector
-from gpumon.jobs.families import RowFamily
+from gpumon.jobs.series.families import RowFamily
 from gpumon.web.exposition import Renderer
 
 

@@ -315,7 +315,7 @@ def test_serve_runs_the_jobs_through_its_own_ingest_and_a_slowdown_drops_tokens(
     d = daemon(
         "--simulate", "8xH100-SXM", "--interval", "250ms", "--rate-window", "3s", "--ingest-token", token,
         "--sim-job", "llama-70b:0-3:4/12", "--sim-job", "bert-ft:4-7:step=0.5",
-        "--sim-fault", "slowdown:1=3@10",
+        "--sim-fault", "slowdown:1=3@10", "--collect", "rank-rates",  # per-rank tokens/s and MFU
     )  # fmt: skip
     ranks = {("llama-70b", str(r)) for r in range(4, 8)} | {("bert-ft", str(r)) for r in range(4)}
     metrics = _wait_for(d, lambda m: all(_tps(m).get(k, 0) > 0 for k in ranks))
@@ -352,5 +352,6 @@ def test_ranks_report_over_the_ingest_socket_when_there_is_one(daemon, tmp_path)
     d = daemon(
         "--simulate", "2xH100-SXM", "--rate-window", "3s", "--ingest-socket", str(sock), "--sim-job", "s:0-1"
     )
-    _wait_for(d, lambda m: all(_tps(m).get(("s", r), 0) > 0 for r in "01"))
+    tokens = lambda m: _samples(m, "gpumon_training_tokens_total")  # noqa: E731
+    _wait_for(d, lambda m: all(tokens(m).get(("s", r), 0) > 0 for r in "01"))
     assert any(f"reporting to unix://{sock}" in line for line in d.log)

@@ -23,7 +23,7 @@ Row = tuple[
 
 
 class RowFamily(Metric):
-    """A gauge, counter or histogram family with prometheus_client's ``add_metric`` signatures."""
+    """A gauge, counter, summary or histogram family with prometheus_client's ``add_metric`` signatures."""
 
     def __init__(self, name: str, documentation: str, typ: str, labels: Sequence[str]) -> None:
         if typ == "counter":
@@ -50,8 +50,12 @@ class RowFamily(Metric):
 
     def add_metric(self, labels: Sequence[str], value: Any, sum_value: float | None = None) -> None:
         """``value``: a number; for a histogram, its cumulative (le, count) buckets, +Inf last, and
-        ``sum_value``."""
+        ``sum_value``; for a summary (without quantiles), its count and ``sum_value``."""
         key = tuple(labels)
+        if self.type == "summary":
+            self.rows.append(("_count", key, value))
+            self.rows.append(("_sum", key, 0.0 if sum_value is None else sum_value))
+            return
         if self.type != "histogram":
             self.rows.append((self._suffix, key, value))
             return
