@@ -89,6 +89,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     t.add_argument("--rank-ttl", metavar="DURATION", help="drop a rank silent this long (default 60s)")
     t.add_argument("--rate-window", metavar="DURATION", help="window of tokens/s and diagnosis (default 60s)")
+    t.add_argument(
+        "--counter-hold",
+        metavar="DURATION",
+        help="a restart's (or another rare event's) new counter shows 0 this long before its value, so that "
+        "increase() sees it: longer than every scraper's interval (default 60s)",
+    )
     t.add_argument("--max-jobs", metavar="N", help="jobs tracked at most; more get 429 (default 32)")
     t.add_argument("--max-ranks", metavar="N", help="ranks tracked at most; more get 429 (default 256)")
     t.add_argument(

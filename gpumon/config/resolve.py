@@ -145,7 +145,7 @@ def _validate_training(raw: Mapping[str, Any], s: Settings) -> None:
         parent = os.path.dirname(os.path.abspath(s.ingest_socket))
         if not os.path.isdir(parent):
             raise ConfigError(f"ingest-socket: directory {parent} does not exist")
-    for key in ("rank_ttl", "rate_window"):
+    for key in ("rank_ttl", "rate_window", "counter_hold"):
         if key in raw:
             setattr(s, key, parse_duration(raw[key], key.replace("_", "-")))
     for key in ("header_timeout", "request_timeout"):

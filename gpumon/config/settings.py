@@ -68,6 +68,8 @@ class Settings:
     ingest_socket: str | None = None  # also listen on this unix socket (SDK: GPUMON_URL=unix://PATH)
     ingest_allow_remote: bool = False  # accept reports from other hosts, not only loopback
     rank_ttl: float = 60.0  # drop a rank (and its series) after this long without a report
+    # a rare event's new counter shows 0 this long before its value: longer than every scraper's interval
+    counter_hold: float = 60.0
     rate_window: float = 60.0  # the sliding window of tokens/s, phase shares and the diagnosis
     max_jobs: int = 32
     max_ranks: int = 256

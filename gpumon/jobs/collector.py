@@ -84,6 +84,7 @@ class _Render:
     f: dict[str, Any]
     first: ZeroFirst
     steps: JobSteps
+    now: float  # the render's clock
     rates: bool  # rank-rates: the windowed figures per rank
     buckets: bool  # rank-step-buckets
     detail: bool  # rank-detail
@@ -92,11 +93,15 @@ class _Render:
         if value is not None and m.name in self.f:
             self.f[m.name].add_metric(labels, value)
 
-    def rare(self, m: M.Metric, labels: list[str], value: float | None, started: float | None = None) -> None:
-        """A counter of a rare event: absent until the first, then 0 before its value (zerofirst.py)."""
+    def rare(
+        self, m: M.Metric, labels: list[str], value: float | None, process_started: float | None = None
+    ) -> None:
+        """A counter of a rare event: absent until the first, then 0 before its value (zerofirst.py).
+        ``process_started``: for a counter the training process keeps itself."""
         if value is None:
             return
-        shown = self.first.value((labels[0], int(labels[1]), m.name, tuple(labels[2:])), value, started)
+        key = (labels[0], int(labels[1]), m.name, tuple(labels[2:]))
+        shown = self.first.value(key, value, self.now, process_started)
         if shown is not None:
             self.f[m.name].add_metric(labels, shown)
 
@@ -108,13 +113,17 @@ class TrainingCollector:
         stats: IngestStats,
         library: LibraryWatch | None = None,
         details: frozenset[str] = frozenset(),
+        counter_hold: float = 60.0,
     ) -> None:
+        """``counter_hold``: seconds a rare event's counter shows 0 before its first value
+        (series/zerofirst.py)."""
         self.analysis = analysis
         self.stats = stats
         self.library = library
         self.details = details
-        self.first = ZeroFirst(born=analysis.clock())
-        self.steps = JobSteps()
+        born = analysis.clock()
+        self.first = ZeroFirst(born, counter_hold)
+        self.steps = JobSteps(born)
         self._metrics = [m for m in M.TRAINING_FLOW if not m.detail or m.detail in details]
         self._per_scrape = [m for m in self._metrics if m not in _ALWAYS]
         self._step_type = "histogram" if "rank-step-buckets" in details else None
@@ -127,17 +136,18 @@ class TrainingCollector:
         return [self._family(m) for m in self._metrics]
 
     def collect(self) -> Iterator[Metric]:
+        now = self.analysis.clock()
         out = _Render(
             {m.name: self._family(m) for m in self._per_scrape},
             self.first,
             self.steps,
+            now,
             "rank-rates" in self.details,
             "rank-step-buckets" in self.details,
             "rank-detail" in self.details,
         )
         f = out.f
         lib = self.library.library() if self.library is not None else None
-        now = self.analysis.clock()
         live: set[tuple[str, int]] = set()
         jobs = self.analysis.jobs(now)
         for job in jobs:
@@ -145,13 +155,14 @@ class TrainingCollector:
             live.update((job.job, r.view.report.rank) for r in job.ranks)
             if lib is not None:
                 _add_baseline(out, job, lib, self.analysis.store.baseline_steps)
-        self.steps.keep(self.analysis.store.retained())
+        retained = self.analysis.store.retained()
+        self.steps.keep(retained)
         exported = set(live)
         for job_name, rank, ledger in self.analysis.store.gone_ledgers(now):
             if (job_name, rank) not in live:  # it went between the two reads: exported above already
                 _add_ledger(out, [job_name, str(rank)], ledger)
                 exported.add((job_name, rank))
-        self.first.keep(exported)
+        self.first.keep(exported, retained)
         for job_name, lost in self.analysis.store.lost(now).items():
             f[M.RANKS_LOST.name].add_metric([job_name], lost)
         yield from (fam for fam in f.values() if fam.rows)
@@ -225,7 +236,7 @@ def _add_rank(out: _Render, r: RankResult) -> None:
         f[M.RANK_GPU_INFO.name].add_metric([*rl, str(w.index), w.uuid, w.mig_uuid or "", u.via], 1)
     out.opt(M.LAST_REPORT, rl, rep.time)
     out.opt(M.LAST_PROGRESS, rl, rep.updated)
-    out.rare(M.RESTARTS, rl, r.view.restarts + r.view.ledger.moves, rep.started)
+    out.rare(M.RESTARTS, rl, r.view.restarts + r.view.ledger.moves)
     totals = r.view.totals()
     f[M.STEPS.name].add_metric(rl, totals["steps"])
     f[M.TOKENS.name].add_metric(rl, totals["tokens"])
@@ -240,7 +251,7 @@ def _add_rank(out: _Render, r: RankResult) -> None:
     else:
         f[M.STEP_DURATION.name].add_metric(rl, sum(counts), step_sum)
     if rep.kind == "train":
-        out.steps.add(rep.job, rep.rank, counts, step_sum)
+        out.steps.add(rep.job, rep.rank, counts, step_sum, rep.started)
     if rep.request_seconds is not None:
         q = rep.request_seconds
         f[M.REQUEST_DURATION.name].add_metric(
@@ -254,7 +265,7 @@ def _add_rank(out: _Render, r: RankResult) -> None:
         for b in BOTTLENECKS:
             f[M.BOTTLENECK.name].add_metric([*rl, b], 1 if r.verdict.bottleneck == b else 0)
     if rep.kind == "train":
-        _add_ledger(out, rl, r.view.ledger, rep.started)
+        _add_ledger(out, rl, r.view.ledger)
     _add_allocator(out, rl, r.view)
 
 
@@ -272,11 +283,11 @@ def _add_rates(out: _Render, rl: list[str], r: RankResult) -> None:
     out.opt(M.STRAGGLER, rl, r.straggler)
 
 
-def _add_ledger(out: _Render, rl: list[str], ledger: LedgerView, started: float | None = None) -> None:
+def _add_ledger(out: _Render, rl: list[str], ledger: LedgerView) -> None:
     out.f[M.GOODPUT.name].add_metric(rl, ledger.goodput)
     for cause in CAUSES:
-        out.rare(M.BADPUT, [*rl, cause], ledger.badput[cause], started)
-    out.rare(M.STEPS_REDONE, rl, ledger.steps_redone, started)
+        out.rare(M.BADPUT, [*rl, cause], ledger.badput[cause])
+    out.rare(M.STEPS_REDONE, rl, ledger.steps_redone)
 
 
 def _add_allocator(out: _Render, rl: list[str], v: RankView) -> None:

@@ -27,11 +27,12 @@ class Training:
     policy: IngestPolicy
     library: LibraryWatch | None = None
     history: JobHistory | None = None
+    counter_hold: float = 60.0
 
     def collector(self, details: frozenset[str] = frozenset()) -> TrainingCollector:
         """``details``: the --collect names; the training flow reads rank-rates, rank-step-buckets and
         rank-detail."""
-        return TrainingCollector(self.analysis, self.stats, self.library, details)
+        return TrainingCollector(self.analysis, self.stats, self.library, details, self.counter_hold)
 
     def state(self) -> tuple[Hashable, ...]:
         """What the training families depend on besides the GPU snapshot and the clock: the reports counted,
@@ -66,4 +67,5 @@ def from_settings(settings: Settings, source: Callable[[], Snapshot | None]) -> 
     )
     policy = IngestPolicy(token=settings.ingest_token, allow_remote=settings.ingest_allow_remote)
     history = JobHistory(node=settings.node_name or node_hostname())
-    return Training(analysis, IngestStats(), policy, LibraryWatch(settings.baselines), history)
+    library = LibraryWatch(settings.baselines)
+    return Training(analysis, IngestStats(), policy, library, history, settings.counter_hold)

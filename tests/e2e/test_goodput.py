@@ -101,7 +101,7 @@ def _served(text: str) -> dict[str, float]:
 
 def test_every_bucket_equals_what_the_loop_injected(daemon, tmp_path: Path) -> None:
     # a short --rank-ttl: the dead rank is dropped before its successor comes, as after a real requeue
-    d = daemon("--simulate", "1xH100-SXM", "--interval", "500ms", "--rank-ttl", "1s")
+    d = daemon("--simulate", "1xH100-SXM", "--interval", "500ms", "--rank-ttl", "1s", "--counter-hold", "1s")
     log1, log2 = tmp_path / "first.jsonl", tmp_path / "second.jsonl"
     first, popen = _start(
         d.url, log1, "--steps", "40", "--load", "1.0", "--checkpoint-at", "20", "--evaluate-at", "30",

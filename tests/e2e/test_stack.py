@@ -442,12 +442,6 @@ def _rule_levels(groups: list[dict[str, Any]]) -> tuple[dict[str, int], set[str]
     return levels, history
 
 
-# A rank's start-up seconds land (after two renders at 0, gpumon/jobs/series/zerofirst.py) in the daemons'
-# first seconds, which Prometheus scrapes and VictoriaMetrics, started once Prometheus has scraped every node,
-# does not: Prometheus's rates hold that step and VictoriaMetrics's cannot. Not compared.
-_STARTUP = (("cause", "startup"),)
-
-
 def _checks(groups: list[dict[str, Any]]) -> list[Check]:
     levels, history = _rule_levels(groups)
     variables = {v: "$__all" for v in ("job", "node", "instance", "job_name", "gpu")}
@@ -486,7 +480,7 @@ def _checks(groups: list[dict[str, Any]]) -> list[Check]:
         # JOB's history holds the regression, so a median or mean over it lands anywhere between the two
         # levels depending on where the history starts, which differs by vmalert's start-up: compared on the
         # steady jobs only
-        skip = ((("job_name", JOB),) if kind == "history" else ()) + _STARTUP * ("badput" in expr)
+        skip = (("job_name", JOB),) if kind == "history" else ()
         checks.append(Check(what, kind, concrete, concrete, lags, absolute, skip))
     # the rules' own expressions on scraped series: what the vmalert variant computes, free of its pipeline
     variant = {
@@ -497,9 +491,7 @@ def _checks(groups: list[dict[str, Any]]) -> list[Check]:
     for rule in alerting.all_rules(groups):
         if "record" in rule and levels[rule["record"]] == 1:
             name = rule["record"]
-            expr = str(rule["expr"])
-            skip = _STARTUP * ("badput" in expr)
-            checks.append(Check(f"rule expression {name}", "rule", variant[name], expr, skip=skip))
+            checks.append(Check(f"rule expression {name}", "rule", variant[name], str(rule["expr"])))
     return checks
 
 

@@ -27,7 +27,7 @@ def node(daemon):
     # the hand-made reports' pids run nowhere: the GPUs' load is the node's own jobs, which do not report
     return daemon(
         "--simulate", "2xH100-SXM", "--sim-unreported-jobs", "--interval", "200ms", "--max-jobs", "2",
-        "--max-ranks", "3",
+        "--max-ranks", "3", "--counter-hold", "1s",
     )  # fmt: skip
 
 

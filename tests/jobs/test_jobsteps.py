@@ -29,3 +29,15 @@ def test_ranks_whose_counters_would_not_continue_are_forgotten_and_then_their_jo
     assert j.get("llm") == ((4.0,), 4.0)
     j.keep([("chat", 0)])
     assert j.get("llm") is None
+
+
+def test_after_a_daemon_restart_a_ranks_history_is_not_counted_as_new_steps() -> None:
+    """Ranks older than the daemon report one by one after its start: the job's histogram counts their growth
+    from then on, not their whole history as steps made since."""
+    j = JobSteps(born=100.0)
+    j.add("llm", 0, (5.0,), 5.0, process_started=50.0)
+    j.add("llm", 1, (1.0,), 1.0, process_started=120.0)  # started after the daemon: all its steps are new
+    assert j.get("llm") == ((1.0,), 1.0)
+    j.add("llm", 0, (7.0,), 7.0, process_started=50.0)
+    j.add("llm", 2, (900.0,), 900.0, process_started=50.0)  # a moment later, with its history
+    assert j.get("llm") == ((3.0,), 3.0)

@@ -383,7 +383,8 @@ def test_a_restart_carried_from_another_node_reaches_metrics_once_its_series_exi
     now = time.time()
     s = store()
     # the daemon was up before the rank's process started (one older than it is a daemon restart's)
-    c = TrainingCollector(Analysis(s, sampler.sweep, clock=lambda: now - 60.0), IngestStats())
+    # renders alone, not time, in this test (counter_hold 0): two at 0, then the value
+    c = TrainingCollector(Analysis(s, sampler.sweep, clock=lambda: now - 60.0), IngestStats(), counter_hold=0)
     was = {"incarnation": "dead-one", "step": 30, "last_step": now - 80.0}
     started = now - 21.0
     for n, seq in ((0, 0), (40, 1)):  # seen from its start: its first reports

@@ -117,7 +117,8 @@ def test_a_restart_makes_no_new_series_but_its_own_counters() -> None:
     then), and no later restart adds any."""
     store = JobStore(max_jobs=4, max_ranks=8, ttl=600.0, window=60.0)
     clock = [T0]
-    collector = TrainingCollector(Analysis(store, lambda: None, clock=lambda: clock[0]), IngestStats())
+    analysis = Analysis(store, lambda: None, clock=lambda: clock[0])
+    collector = TrainingCollector(analysis, IngestStats(), counter_hold=0.0)
     seen: list[set] = []
     for n, incarnation in enumerate(("aaaa0000", "bbbb1111", "cccc2222")):
         started = clock[0] + 1.0

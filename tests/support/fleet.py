@@ -48,6 +48,8 @@ def node_args(i: int, library: Path) -> list[str]:
     # a 2 s sampling interval and a 10 s window as in the stack test: three daemons share two cores. The
     # rank TTL outlasts the test, so a killed rank's counters (its ledger) stay for the restart's accounting
     args += ["--interval", "2s", "--rate-window", "10s", "--rank-ttl", "10m", "--baselines", str(library)]
+    # a restart's new counters show 0 for two scrapes (VictoriaMetrics scrapes too), then their value
+    args += ["--counter-hold", "5s"]
     return args
 
 

@@ -5,6 +5,12 @@ histograms at each render would make the sum fall whenever a rank leaves the nod
 its ledger expired), which Prometheus reads as a counter reset and counts again in full. So each job keeps
 its own totals and adds each rank's growth since the previous render; a rank whose counts fell (a new
 ledger for it) adds its counts afresh.
+
+A rank whose process is older than this daemon adds only its growth from its first report here: after a
+restart of the daemon the job's histogram starts again (a reset, which Prometheus handles), and the ranks
+that report a moment later must not add their whole history to it as new steps. A rank that returns after
+the store dropped its offsets (silent over an hour, or pushed out by 4 x --max-ranks others) and with the
+same process adds its history again: a known over-count.
 """
 
 from __future__ import annotations
@@ -24,17 +30,24 @@ class _Job:
 
 
 class JobSteps:
-    def __init__(self) -> None:
+    def __init__(self, born: float = float("-inf")) -> None:
+        """``born``: when this daemon started (its clock)."""
         self._lock = threading.Lock()
         self._jobs: dict[str, _Job] = {}
+        self._born = born
 
-    def add(self, job: str, rank: int, counts: Counts, total: float) -> None:
+    def add(
+        self, job: str, rank: int, counts: Counts, total: float, process_started: float | None = None
+    ) -> None:
         """The rank's histogram as it stands (cumulative since its first process)."""
         with self._lock:
             j = self._jobs.get(job)
             if j is None:
                 j = self._jobs[job] = _Job([0.0] * len(counts))
             before = j.last.get(rank)
+            if before is None and process_started is not None and process_started < self._born:
+                j.last[rank] = (counts, total)  # counted by the daemon before this one
+                return
             fell = before is not None and (
                 total < before[1] or any(a < b for a, b in zip(counts, before[0], strict=True))
             )
