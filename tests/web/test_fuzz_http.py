@@ -260,8 +260,11 @@ def test_every_name_escaping_scheme_gives_an_exposition_promtool_and_the_parsers
     assert r.status_code == 200 and accept.split(";")[0] in r.headers["content-type"]
     dots = "escaping=dots" in accept
     histogram = (
-        "gpumon__training__step__duration__seconds" if dots else "gpumon_training_step_duration_seconds"
+        "gpumon__training__job__step__duration__seconds"
+        if dots
+        else "gpumon_training_job_step_duration_seconds"
     )
+    summary = histogram.replace("job__", "").replace("job_step", "step")
     if accept.startswith("text/plain"):
         promtool = require_tool("promtool")
         check = subprocess.run([promtool, "check", "metrics"], input=r.text, capture_output=True, text=True)
@@ -273,6 +276,7 @@ def test_every_name_escaping_scheme_gives_an_exposition_promtool_and_the_parsers
     assert {s.name for s in families[histogram].samples} == {
         f"{histogram}_{x}" for x in ("bucket", "sum", "count")
     }
+    assert {s.name for s in families[summary].samples} == {f"{summary}_{x}" for x in ("sum", "count")}
     assert ("job__name" if dots else "job_name") in families[histogram].samples[0].labels
 
 
