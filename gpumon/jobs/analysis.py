@@ -319,14 +319,13 @@ class Analysis:
         known = [x for x in rates if x is not None]
         flops = [r.flops for r in counted]
         peak = [r.peak.flops for r in counted]
-        mfu = None
-        if all(f is not None for f in flops) and all(p for p in peak):
-            mfu = sum(f for f in flops if f is not None) / sum(p for p in peak if p)
         # MFU's two sides over the ranks that have both, for the job's MFU across nodes: a rank on a GPU
-        # without a known peak must not inflate the numerator
+        # without a known peak must not inflate the numerator. The node's own MFU needs every rank to have
+        # both
         both = [(f, p) for f, p in zip(flops, peak, strict=True) if f is not None and p]
         flops_sum = sum(f for f, _ in both) if both else None
         peak_sum = sum(p for _, p in both) if both else None
+        mfu = flops_sum / peak_sum if flops_sum is not None and peak_sum and len(both) == len(flops) else None
         sig = [r.signals for r in ranks]
         progressing = [s.progressing for s in sig if s.progressing is not None]
         shared = [s for s in sig if s.shared_with]

@@ -64,8 +64,9 @@ def _family(m: M.Metric, typ: str | None = None) -> RowFamily:
     return RowFamily(m.name, m.help, typ or m.type, m.labels)
 
 
-def _buckets(offset: tuple[float, ...], counts: tuple[float, ...]) -> list[tuple[str, float]]:
-    return _cumulative(tuple(a + b for a, b in zip(offset, counts, strict=True)))
+def _plus(offset: tuple[float, ...], counts: tuple[float, ...]) -> tuple[float, ...]:
+    """A histogram's counts per bucket over the rank's processes: the earlier ones' and the current one's."""
+    return tuple(a + b for a, b in zip(offset, counts, strict=True))
 
 
 def _cumulative(counts: tuple[float, ...]) -> list[tuple[str, float]]:
@@ -87,9 +88,9 @@ class _Render:
     now: float  # the render's clock
     rates: bool  # rank-rates: the windowed figures per rank
     buckets: bool  # rank-step-buckets
-    detail: bool  # rank-detail
 
     def opt(self, m: M.Metric, labels: list[str], value: float | None) -> None:
+        """A value where there is one, of a family this render serves (an opt-in detail's only when on)."""
         if value is not None and m.name in self.f:
             self.f[m.name].add_metric(labels, value)
 
@@ -144,7 +145,6 @@ class TrainingCollector:
             now,
             "rank-rates" in self.details,
             "rank-step-buckets" in self.details,
-            "rank-detail" in self.details,
         )
         f = out.f
         lib = self.library.library() if self.library is not None else None
@@ -244,7 +244,7 @@ def _add_rank(out: _Render, r: RankResult) -> None:
     if rep.kind == "inference" or totals["requests"]:
         f[M.REQUESTS.name].add_metric(rl, totals["requests"])
     h = rep.step_seconds
-    counts = tuple(a + b for a, b in zip(off.step_counts, h.counts, strict=True))
+    counts = _plus(off.step_counts, h.counts)
     step_sum = off.step_sum + h.sum
     if out.buckets:
         f[M.STEP_DURATION.name].add_metric(rl, _cumulative(counts), step_sum)
@@ -255,7 +255,7 @@ def _add_rank(out: _Render, r: RankResult) -> None:
     if rep.request_seconds is not None:
         q = rep.request_seconds
         f[M.REQUEST_DURATION.name].add_metric(
-            rl, _buckets(off.request_counts, q.counts), off.request_sum + q.sum
+            rl, _cumulative(_plus(off.request_counts, q.counts)), off.request_sum + q.sum
         )
     for phase, seconds in r.view.phases().items():
         f[M.PHASE_SECONDS.name].add_metric([*rl, phase], seconds)
@@ -295,10 +295,9 @@ def _add_allocator(out: _Render, rl: list[str], v: RankView) -> None:
     if m is not None:
         out.opt(M.ALLOCATOR_ALLOCATED, rl, m.allocated_bytes)
         out.opt(M.ALLOCATOR_RESERVED, rl, m.reserved_bytes)
-        if out.detail:
-            out.opt(M.ALLOCATOR_ALLOCATED_PEAK, rl, m.allocated_peak_bytes)
-            out.opt(M.ALLOCATOR_RESERVED_PEAK, rl, m.reserved_peak_bytes)
-            out.opt(M.ALLOCATOR_FRAGMENTATION, rl, fragmentation(m.allocated_bytes, m.reserved_bytes))
+        out.opt(M.ALLOCATOR_ALLOCATED_PEAK, rl, m.allocated_peak_bytes)
+        out.opt(M.ALLOCATOR_RESERVED_PEAK, rl, m.reserved_peak_bytes)
+        out.opt(M.ALLOCATOR_FRAGMENTATION, rl, fragmentation(m.allocated_bytes, m.reserved_bytes))
     # the counters stay once known, through a report without them: a series that went and came back lower
     # would read as a reset
     counts = v.allocator_counts()
