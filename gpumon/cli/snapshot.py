@@ -60,7 +60,8 @@ def _throttle(mask: int | None) -> str:
 def _row(st: GpuStatus, first: GpuReading | None) -> list[str]:
     i, r = st.info, st.reading
     if r is None:
-        return [str(i.index), i.name, "DOWN", st.down_reason or "", "", "", "", "", "", ""]
+        # the reason runs on past the columns (render leaves it out of their widths)
+        return [str(i.index), i.name, "DOWN", st.down_reason or "not answering"]
     mem = f"{_fmt(r.memory_used_bytes, '.1f', 1 / GIB)}/{_fmt(r.memory_total_bytes, '.1f', 1 / GIB)}"
     power = f"{_fmt(r.power_watts, '.0f')}/{_fmt(r.power_limit_watts, '.0f')}"
     temp = _fmt(r.temperature_celsius, ".0f")
@@ -113,9 +114,9 @@ def render(snap: Snapshot, before: Snapshot | None = None) -> str:
     ]
     earlier = {st.info.uuid: st.reading for st in before.gpus} if before is not None else {}
     rows = [header, *(_row(st, earlier.get(st.info.uuid)) for st in snap.gpus)]
-    widths = [max(len(r[c]) for r in rows) for c in range(len(header))]
+    widths = [max(len(r[c]) for r in rows if len(r) == len(header)) for c in range(len(header))]
     lines = [head, ""] + [
-        "  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in rows
+        "  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=False)).rstrip() for r in rows
     ]
     h = snap.host
     if h is not None:

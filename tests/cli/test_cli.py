@@ -130,15 +130,27 @@ def test_snapshot_json_is_the_v1_gpus_document() -> None:
 
 
 @pytest.mark.slow
-def test_snapshot_shows_a_down_gpu() -> None:
-    result = run_gpumon("snapshot", "--simulate", "2xH100-SXM", "--sim-fault", "lost:1@0.0+60")
+def test_snapshot_shows_a_gpu_that_stops_answering_as_down_with_its_reason() -> None:
+    # a hang after identification: the GPU has its row, and the row says why it is down
+    result = run_gpumon(
+        "snapshot", "--simulate", "2xH100-SXM", "--sim-fault", "hang:1:nvmlDeviceGetUtilizationRates"
+    )
     assert result.returncode == 0, result.stderr
-    row = [ln for ln in result.stdout.splitlines() if ln.startswith("1 ")]
-    assert row == [] or "DOWN" in row[0]  # lost before identification: absent, and counted by NVML
+    lines = result.stdout.splitlines()
+    row = next(ln for ln in lines if ln.startswith("1 ")).split()
+    assert row[5:7] == ["DOWN", "nvmlDeviceGetUtilizationRates"], row
+    # the reason is left out of the columns' widths: the memory column is as wide as its widest value
+    header = next(ln for ln in lines if ln.startswith("GPU "))
+    mem = next(ln for ln in lines if ln.startswith("0 ")).split()[6]
+    width = max(len("MEM GiB"), len(mem))
+    assert header.index("POWER W") == header.index("MEM GiB") + width + 2, header
+
+
+def test_snapshot_of_a_gpu_lost_before_identification_counts_it_without_a_row() -> None:
     doc = json.loads(
         run_gpumon("snapshot", "--json", "--simulate", "2xH100-SXM", "--sim-fault", "lost:1").stdout
     )
-    assert doc["device_count"] == 2 and len(doc["gpus"]) == 1
+    assert doc["device_count"] == 2 and [g["index"] for g in doc["gpus"]] == [0]
 
 
 def test_doctor_reports_capabilities_and_advice() -> None:
