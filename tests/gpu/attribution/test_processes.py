@@ -14,6 +14,7 @@ from gpumon.gpu.nvml import NvmlBackend
 from gpumon.gpu.sampler import Sampler
 from gpumon.gpu.sim.catalog import MiB
 from gpumon.gpu.sim.device import SimProcess
+from gpumon.gpu.sim.processes import job_processes
 
 POD_CGROUP = (
     "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod0f1e2d3c_4b5a_6978_8796_a5b4c3d2e1f0"
@@ -210,11 +211,25 @@ def test_simulated_jobs_alternate_between_pods_and_slurm(sims) -> None:
     (proc,) = sim.nvmlDeviceGetComputeRunningProcesses(sim.nvmlDeviceGetHandleByIndex(0))
     assert proc.pid >= 20000 and proc.usedGpuMemory > 0
     assert proc.gpuInstanceId == 0xFFFFFFFF
-    assert (
-        sim.pod_owners().get(sim.gpus[0].uuid) is not None or "slurm" in sim.processes(sim.gpus[0])[0].cgroup
-    )
     with pytest.raises(pynvml.NVMLError_InvalidArgument):
         sim.nvmlDeviceGetComputeRunningProcesses(None)
+    # the node's first four jobs, each seen a minute into it: pod, Slurm, pod, Slurm
+    gpu = sim.gpus[0]
+    kinds: dict[int, str] = {}
+    t = 0.0
+    while len(kinds) < 4:
+        t += 60.0
+        job = gpu.dynamics.workload.job_at(t)
+        if job is None or job.number in kinds:
+            continue
+        (p,) = job_processes(gpu, sim.seed, t)
+        slurm = "slurmstepd.scope/job_" in p.cgroup and p.environ.get("SLURM_JOB_ID") == str(
+            1000 + job.number
+        )
+        pod = p.pod is not None and "/kubepods.slice/" in p.cgroup
+        assert slurm != pod, p.cgroup
+        kinds[job.number] = "pod" if pod else "slurm"
+    assert kinds == {0: "pod", 1: "slurm", 2: "pod", 3: "slurm"}
 
 
 def test_kubelet_health_is_a_collector_status(sims) -> None:
