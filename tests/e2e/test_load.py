@@ -73,10 +73,14 @@ def test_every_scrape_answers_200_every_scraper_is_served_and_no_connection_fail
     assert len(out["scrapes_per_scraper"]) == SCRAPERS and min(out["scrapes_per_scraper"]) >= 1
 
 
-def test_every_liveness_probe_answers_200_through_the_storm(loaded: Loaded) -> None:
+def test_every_liveness_probe_answers_200_well_within_the_probes_timeout_through_the_storm(
+    loaded: Loaded,
+) -> None:
     probes = loaded.out["probe_status"]
     assert probes == {"200": len(loaded.out["probe_seconds"])} and sum(probes.values()) >= SECONDS * 5
-    # the DaemonSet's probe times out at 5 s; before issue 16, 4 scrapers took /healthz to 4-5 s
+    # The DaemonSet's probe times out at 5 s. This bounds what a kubelet sees, not why: scrapers share one
+    # render per sample, so a render moved onto the event loop would pass here too.
+    # tests/web/test_scrape.py::test_the_render_runs_off_the_event_loop is what keeps it off.
     assert load.quantiles(loaded.out["probe_seconds"])["p99"] < 2.0
 
 

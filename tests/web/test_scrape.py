@@ -40,9 +40,11 @@ class World:
         self.entered = threading.Event()  # a collect has started
         self.release = threading.Event()  # collects may finish
         self.release.set()
+        self.thread: threading.Thread | None = None  # where the last collect ran
 
     def collect(self) -> Iterable[Metric]:
         self.collected += 1
+        self.thread = threading.current_thread()
         self.entered.set()
         assert self.release.wait(10), "the test never released the render"
         g = GaugeMetricFamily("gpumon_test_version", "The state's version.", labels=["n"])
@@ -132,13 +134,11 @@ def test_the_render_runs_off_the_event_loop() -> None:
         world.release.clear()
         scrape = asyncio.create_task(cache.get(TEXT))
         await asyncio.to_thread(world.entered.wait, 10)
-        # the render is held inside collect(): were it on the loop, nothing below could run until it ended
-        ticks = 0
-        for _ in range(5):
-            await asyncio.sleep(0)
-            ticks += 1
-        assert ticks == 5 and not scrape.done()
-        assert threading.current_thread() is threading.main_thread()
+        # the render is held inside collect(), on a thread that is not the loop's
+        assert world.thread is not None and world.thread is not threading.current_thread()
+        # and meanwhile the loop runs timers: were the render on it, this could not fire until it ended
+        await asyncio.wait_for(asyncio.sleep(0.01), timeout=5.0)
+        assert not scrape.done()
         world.release.set()
         assert b"gpumon_test_version" in await scrape
 
