@@ -9,6 +9,7 @@ import threading
 import time
 
 import pytest
+from support.poll import poll
 
 from gpumon.gpu.sampler import BACKOFF_MAX, LATE_LIMIT, Sampler
 from gpumon.gpu.snapshot import Snapshot
@@ -265,14 +266,16 @@ def test_background_loop_publishes_and_stops_cleanly(sims) -> None:
     sampler = Sampler(NvmlBackend(sims("2xH100-SXM")), interval=0.05)
     before = threading.active_count()
     sampler.start()
-    deadline = time.monotonic() + 5
-    while (sampler.snapshot is None or sampler.snapshot.sweep < 3) and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert sampler.snapshot.sweep >= 3 and sampler.alive()
+    snap = poll(lambda: (s := sampler.snapshot) and s.sweep >= 3 and s, 5, "three sweeps")
+    assert snap.sweep >= 3 and sampler.alive()
     sampler.stop()
     assert not sampler.alive()
-    time.sleep(0.1)
-    assert threading.active_count() == before
+    poll(
+        lambda: threading.active_count() == before,
+        5,
+        "the sampler's threads to end",
+        detail=lambda: f"threads: {threading.enumerate()}",
+    )
 
 
 @pytest.mark.parametrize(("interval", "timeout"), [(0, None), (1.0, 2.0), (1.0, 0.0)])

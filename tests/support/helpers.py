@@ -23,9 +23,9 @@ import pytest
 
 from gpumon.gpu.sim import SimNvml
 from gpumon.gpu.sim.catalog import MiB
+from support.poll import IN_CI
 
 ROOT = Path(__file__).resolve().parents[2]
-IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 
 class ManualClock:
