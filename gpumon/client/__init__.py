@@ -42,7 +42,7 @@ cumulative counters and phase seconds), ``flush(timeout=2.0) -> bool``,
 ``close(timeout=2.0)`` (final report; idempotent), ``with Reporter(...) as r:``. Forked children (DataLoader
 workers) inherit a disabled copy: only the parent reports. A second Reporter of the same (job, rank) and
 daemon in one process is a handle on the first (``shares_with``): one set of counters, one incarnation, the
-last handle closed sends the final report. Standard library only; Python >= 3.9.
+last handle closed sends the final report. Standard library only.
 """
 
 from __future__ import annotations

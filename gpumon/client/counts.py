@@ -1,7 +1,7 @@
 """The checks on numbers callers hand the Reporter: counts and seconds, from Python or NumPy, never tensors.
 
 Only the hot path's slow branch calls these (the fast branch tests for a plain int or float inline), so they
-may be thorough. Standard library only, Python >= 3.9: this module runs inside training processes.
+may be thorough. Standard library only: this module runs inside training processes.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Which GPUs a process uses: CUDA_VISIBLE_DEVICES and the Reporter's ``device`` argument, as NVML ids.
 
-Standard library only, Python >= 3.9: this module runs inside training processes.
+Standard library only: this module runs inside training processes.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 The one namespace the SDK's users and tests import (``from gpumon.client import env``); each concern lives in
 its own module: launcher.py (ranks and job name), devices.py (which GPUs) and settings.py (the Reporter's
 arguments checked and defaulted). Pure functions over a ``Mapping`` (``os.environ`` by default) so tests can
-pass plain dicts. Standard library only, Python >= 3.9: this module runs inside training processes.
+pass plain dicts. Standard library only: this module runs inside training processes.
 """
 
 from __future__ import annotations

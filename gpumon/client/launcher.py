@@ -1,7 +1,7 @@
 """What a process learns from the launcher that started it: its ranks and its job's name.
 
 torchrun, Slurm, Open MPI and MPICH are read from a ``Mapping`` (``os.environ`` by default) so tests can pass
-plain dicts. Standard library only, Python >= 3.9: this module runs inside training processes.
+plain dicts. Standard library only: this module runs inside training processes.
 """
 
 from __future__ import annotations

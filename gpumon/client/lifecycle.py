@@ -9,7 +9,7 @@ the program's own handler is never replaced; it sends the final reports (bounded
 restores the default action and re-raises the signal, so the process still dies of SIGTERM as it would
 have.
 
-Standard library only, Python >= 3.9: this module runs inside training processes.
+Standard library only: this module runs inside training processes.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Decoder-transformer shape arithmetic: parameter counts and model FLOPs per token.
 
-Standard library only, Python >= 3.9: the SDK imports this inside training processes to fill the report's
+Standard library only: the SDK imports this inside training processes to fill the report's
 ``flops_per_token`` (see protocol.py); the daemon-side estimator (gpumon/estimate/breakdown.py) builds on it.
 
 FLOPs per token, with N the parameters that do matmul work per token (``non_embedding_parameters``), L layers,

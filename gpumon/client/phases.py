@@ -1,7 +1,7 @@
 """Phase timers: the context managers a Reporter hands out to time data loading, compute, communication.
 
 On the hot path: entering and leaving a phase reads perf_counter and does arithmetic, nothing else.
-Standard library only, Python >= 3.9: this module runs inside training processes.
+Standard library only: this module runs inside training processes.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The report a training (or inference) process sends to its node's gpumon daemon: wire format version 1.
 
 Shared by the SDK (which writes it) and the daemon's ingest endpoint (which validates it), so the two cannot
-drift. Standard library only, Python >= 3.9 syntax: this module is imported inside training processes.
+drift. Standard library only: this module is imported inside training processes.
 
 A report is one JSON object, POSTed to ``/v1/report`` (HTTP on loopback, or the daemon's unix socket):
 

@@ -13,7 +13,7 @@ A failed write is logged once, removes the file (stale progress would mislead th
 none) and is tried again at the next update: monitoring never stops a training run. The file is read
 without following a final symlink or blocking on a FIFO, and written through a new temporary file of its own
 (O_EXCL), never through one planted at its name.
-Standard library only, Python >= 3.9: this module runs inside training processes.
+Standard library only: this module runs inside training processes.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The report a Reporter sends, in the wire format protocol.py defines, from its counters and settings.
 
-Built on the sender thread, never on the hot path. Standard library only, Python >= 3.9: this module runs
+Built on the sender thread, never on the hot path. Standard library only: this module runs
 inside training processes.
 """
 

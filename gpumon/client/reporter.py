@@ -3,7 +3,7 @@
 The hot path (step, phase enter/exit, add_phase, request) does no I/O, holds no lock across anything slow,
 never touches the GPU and allocates nothing a loop would notice; bad arguments are logged once per kind and
 ignored, never raised. Every counter is cumulative, so the sender thread reads them without a lock: a torn
-read only makes one report slightly behind the next. Standard library only, Python >= 3.9.
+read only makes one report slightly behind the next. Standard library only.
 
 Around it: phases.py (phase timers), counts.py (number checks), settings.py (constructor arguments),
 report.py (wire format), lifecycle.py (interpreter exit, fork), transport.py (the sender thread).

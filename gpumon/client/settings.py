@@ -1,7 +1,7 @@
 """The Reporter's settings: its constructor arguments checked, filled in from the environment, defaulted.
 
 A bad argument becomes a problem to log and its default, never an exception: monitoring must never stop a
-training run. Standard library only, Python >= 3.9: this module runs inside training processes.
+training run. Standard library only: this module runs inside training processes.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Getting reports to the node's gpumon daemon: one keep-alive HTTP connection (TCP or unix socket), the
 policy around it (sequence numbers, backoff, one log line per outage) and the thread that drives it.
 
-Standard library only, Python >= 3.9: this module runs inside training processes.
+Standard library only: this module runs inside training processes.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def _remaining(deadline: float) -> float | None:
         return None
     left = deadline - time.monotonic()
     if left <= 0:
-        raise socket.timeout("timed out: no answer within the report's deadline")  # noqa: UP041 (3.9)
+        raise TimeoutError("timed out: no answer within the report's deadline")
     return left
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import ast
 import dataclasses
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -168,9 +167,9 @@ def test_explicit_head_dim_allows_any_hidden() -> None:
     assert spec.parameter_breakdown()["attention"] == 4 * 96
 
 
-def test_runs_on_python_39_with_the_standard_library_only() -> None:
-    source = MODEL_PY.read_text()
-    tree = ast.parse(source, feature_version=(3, 9))  # no match, no parenthesised context managers, ...
+def test_is_standard_library_only() -> None:
+    # the SDK imports this inside training processes, where only the training stack is installed
+    tree = ast.parse(MODEL_PY.read_text())
     imported = {
         (node.module or "").split(".")[0] if isinstance(node, ast.ImportFrom) else alias.name.split(".")[0]
         for node in ast.walk(tree)
@@ -178,33 +177,14 @@ def test_runs_on_python_39_with_the_standard_library_only() -> None:
         for alias in node.names
     }
     assert imported <= set(sys.stdlib_module_names) | {"__future__"}, imported
-    assert "from __future__ import annotations" in source  # X | None annotations stay strings on 3.9
 
 
-def _python39() -> str | None:
-    """A working Python 3.9: on PATH, or a pyenv install (whose shim may fail when it is not selected)."""
-    candidates = [
-        shutil.which("python3.9"),
-        *map(str, sorted(Path.home().glob(".pyenv/versions/3.9*/bin/python3.9"))),
-    ]
-    for path in candidates:
-        if path and subprocess.run([path, "--version"], capture_output=True).returncode == 0:
-            return path
-    return None
-
-
-def python39() -> str:
-    exe = _python39()
-    if exe is None:
-        pytest.skip("no python3.9 on PATH")
-    return exe
-
-
-def test_the_whole_sdk_reports_from_a_real_python_39_if_present(tmp_path: Path) -> None:
-    """gpumon.client, as a training process on 3.9 imports it: steps, a phase, a final report over HTTP."""
-    exe = python39()
+def test_the_whole_sdk_reports_from_a_python_without_site_packages(tmp_path: Path) -> None:
+    """gpumon.client as a training process imports it where nothing but the standard library is installed
+    (-S: no site-packages): steps, a phase, a final report over HTTP."""
     code = (
-        "import http.server, json, threading, sys\n"
+        f"import sys; sys.path.insert(0, {str(ROOT)!r})\n"
+        "import http.server, json, threading\n"
         "got = []\n"
         "class H(http.server.BaseHTTPRequestHandler):\n"
         "    def do_POST(self):\n"
@@ -214,26 +194,17 @@ def test_the_whole_sdk_reports_from_a_real_python_39_if_present(tmp_path: Path) 
         "srv = http.server.ThreadingHTTPServer(('127.0.0.1', 0), H)\n"
         "threading.Thread(target=srv.serve_forever, daemon=True).start()\n"
         "from gpumon.client import Reporter\n"
-        "r = Reporter(job='py39', url='http://127.0.0.1:%d' % srv.server_address[1], dtype='bf16')\n"
+        "r = Reporter(job='bare', url='http://127.0.0.1:%d' % srv.server_address[1], dtype='bf16')\n"
         "for _ in range(5):\n"
         "    with r.phase('data_wait'): pass\n"
         "    r.step(tokens=10, samples=1)\n"
         "r.close()\n"
-        "print(sys.version_info[:2], got[-1]['final'], got[-1]['totals']['tokens'])\n"
+        "third = sorted(set(sys.modules) & {'prometheus_client', 'fastapi', 'psutil', 'pynvml'})\n"
+        "print(got[-1]['final'], got[-1]['totals']['tokens'], third)\n"
     )
-    env = {"PYTHONPATH": str(ROOT), "PATH": os.environ.get("PATH", "")}
-    out = subprocess.run([exe, "-c", code], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60)
+    env = {"PATH": os.environ.get("PATH", "")}
+    out = subprocess.run(
+        [sys.executable, "-S", "-c", code], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60
+    )
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["(3,", "9)", "True", "50"]
-
-
-def test_imports_and_counts_under_a_real_python_39_if_present() -> None:
-    exe = python39()
-    code = (
-        "import importlib.util, sys\n"
-        f"spec = importlib.util.spec_from_file_location('model', {str(MODEL_PY)!r})\n"
-        "m = importlib.util.module_from_spec(spec); sys.modules['model'] = m; spec.loader.exec_module(m)\n"
-        "print(m.PRESETS['gpt2'].parameters(), m.PRESETS['llama3-8b'].flops_per_token())\n"
-    )
-    out = subprocess.run([exe, "-c", code], capture_output=True, text=True, check=True).stdout.split()
-    assert out == [str(124_439_808), str(PRESETS["llama3-8b"].flops_per_token())]
+    assert out.stdout.split() == ["True", "50", "[]"]

@@ -1,2 +1,2 @@
 """What the SDK learns about its own process without being told: when the OS started it, and what the
-framework's CUDA caching allocator holds. Standard library only, Python >= 3.9."""
+framework's CUDA caching allocator holds. Standard library only."""

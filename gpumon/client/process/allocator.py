@@ -3,8 +3,8 @@
 Read on the Reporter's sender thread, at most once per report, and only when the training process has
 imported torch itself and CUDA is already initialised there: this module never imports torch, never
 initialises CUDA and never creates a context (``memory_stats`` only reads counters the allocator keeps on the
-host). A failed read is logged once and reading stops for the Reporter's life. Standard library only,
-Python >= 3.9: this module runs inside training processes.
+host). A failed read is logged once and reading stops for the Reporter's life. Standard library only:
+this module runs inside training processes.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ imports, model building and checkpoint loading that happen before a Reporter exi
 Linux only (/proc); elsewhere None, and the daemon starts the clock at the Reporter's creation. The start
 time in /proc/self/stat is in clock ticks since boot, so it is set against /proc/uptime (10 ms resolution)
 read together with time.time(), rather than against /proc/stat's btime, which is whole seconds. Standard
-library only, Python >= 3.9: this module runs inside training processes.
+library only: this module runs inside training processes.
 """
 
 from __future__ import annotations
