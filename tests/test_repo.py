@@ -147,6 +147,40 @@ def test_the_readme_indexes_every_doc_and_its_links_resolve() -> None:
             assert (doc.parent / target).exists(), f"{doc.name} links to {target}, which does not exist"
 
 
+def gpumon_names() -> set[str]:
+    """The names a reader of the docs imports from gpumon's SDK: its public classes, and model.py's
+    functions (preset)."""
+    names = set()
+    for path in (ROOT / "gpumon" / "client").rglob("*.py"):
+        for node in ast.parse(path.read_text()).body:
+            function = path.name == "model.py" and isinstance(node, ast.FunctionDef)
+            public = isinstance(node, ast.ClassDef) or function
+            if public and not node.name.startswith("_"):  # type: ignore[union-attr]
+                names.add(node.name)  # type: ignore[union-attr]
+    return names
+
+
+def test_every_python_example_in_the_docs_imports_the_gpumon_names_it_uses() -> None:
+    """A reader copies one block: each gpumon name it uses is imported in it or in an earlier block of the
+    same page (the page reads top to bottom)."""
+    names = gpumon_names()
+    assert {"Reporter", "preset", "ModelSpec"} <= names
+    missing: list[str] = []
+    parsed = 0
+    for doc in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        imported: set[str] = set()
+        for block in re.findall(r"```python\n(.+?)\n```", doc.read_text(), flags=re.S):
+            tree = ast.parse(block)  # every block is Python a reader can paste
+            parsed += 1
+            for node in ast.walk(tree):
+                if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("gpumon"):
+                    imported |= {a.asname or a.name for a in node.names}
+            used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+            missing += [f"{doc.name}: {name}" for name in sorted((used & names) - imported)]
+    assert parsed >= 5
+    assert missing == [], f"python blocks use gpumon names they never import: {missing}"
+
+
 @pytest.mark.slow  # a daemon with two simulated jobs, and the verdicts they need
 def test_the_readme_quickstart_runs_as_written() -> None:
     """The quickstart's `gpumon serve ...` (on this driverless machine: the demo node) and its curl line give
