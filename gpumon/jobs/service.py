@@ -36,9 +36,10 @@ class Training:
 
     def state(self) -> tuple[Hashable, ...]:
         """What the training families depend on besides the GPU snapshot and the clock: the reports counted,
-        the ranks expired and the baseline library as last read. Any request that changes one of them
-        (a report, GET /v1/jobs expiring a rank, GET /v1/baselines reloading the file) changes this."""
-        library = None if self.library is None else self.library.state()
+        the ranks expired and the baseline library. Any request that changes one of them (a report, GET
+        /v1/jobs expiring a rank) changes this, and so does a changed library file: asking looks at the
+        file (at most every 2 s), so a job document shared before the reload is not reused after it."""
+        library = None if self.library is None else (self.library.library(), *self.library.state()[1:])
         return self.stats.total, self.analysis.store.expired, library
 
     def observe(self, snap: Snapshot | None = None) -> None:

@@ -41,7 +41,8 @@ def test_the_state_changes_with_each_report_counted_each_rank_expired_and_each_l
     expired = training.state()
     baseline = B.Baseline("a", B.Key("w", "g", 1, "bf16", "palm"), B.Figures(1.0, 1.0, 0.5, 1.0))
     B.save(str(tmp_path / "baselines.toml"), B.Library((baseline,)))
-    assert training.state() == expired  # not read yet: the watch reads the file when asked, at most every 2 s
+    assert training.state() == expired  # not yet: the watch looks at the file at most every 2 s
     now[0] += CHECK_EVERY
-    library.library()
+    # and reading the state is such a look, so that a document or render built before a reload is not reused
+    # after it: `baseline compare` right after `record` needs nothing else (no scrape) to read the file
     assert training.state() != expired
