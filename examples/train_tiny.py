@@ -20,13 +20,16 @@ import json
 import math
 import sys
 import time
+import warnings
 from pathlib import Path
 
-import torch
-from torch import nn
+# the CPU build of torch warns on import when NumPy is absent; this script never converts to NumPy
+warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
 
-from gpumon.client import Reporter
-from gpumon.client.model import ModelSpec
+from gpumon.client import Reporter  # noqa: E402
+from gpumon.client.model import ModelSpec  # noqa: E402
 
 VOCAB = 256
 HIDDEN = 128
@@ -100,7 +103,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--data-delay", type=float, default=0.0, metavar="SECONDS",
         help="a slow input pipeline: wait this long for each batch (the daemon calls the job input-bound)",
     )  # fmt: skip
-    p.add_argument("--out", type=Path, default=Path("results.json"))
+    p.add_argument("--out", type=Path, default=None, help="also write the printed figures to this JSON file")
     args = p.parse_args(argv)
     if args.steps < 2:
         p.error("--steps must be >= 2: throughput is measured between the first and the last step")
@@ -157,7 +160,8 @@ def main(argv: list[str] | None = None) -> int:
         "tokens": args.steps * tokens_per_step,
         "job": args.job,
     }
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    if args.out is not None:
+        args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
     print(f"final loss {loss.item():.3f} (uniform guess: {math.log(VOCAB):.3f})", file=sys.stderr)
     return 0

@@ -26,6 +26,37 @@ def value(text: str, name: str, job: str) -> float:
     raise AssertionError(f"{name} for {job} not served")
 
 
+def test_train_tiny_as_the_readme_runs_it_writes_no_file_and_no_numpy_warning(tmp_path) -> None:
+    """A fresh CPU-torch install has no NumPy: torch warns on import, which the example silences. Without
+    --out it prints its figures and leaves the working tree as it was. No daemon: the SDK never blocks."""
+    require_module("torch")
+    example = str(ROOT / "examples" / "train_tiny.py")
+    no_numpy = (
+        "import runpy, sys; sys.modules['numpy'] = None; sys.argv = sys.argv[1:]; "
+        "runpy.run_path(sys.argv[0], run_name='__main__')"
+    )
+    cmd = [
+        sys.executable,
+        "-c",
+        no_numpy,
+        example,
+        "--steps",
+        "3",
+        "--batch",
+        "2",
+        "--seq",
+        "8",
+        "--url",
+        "http://127.0.0.1:9",
+    ]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert json.loads(proc.stdout)["steps"] == 3
+    assert "NumPy" not in proc.stderr, proc.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_train_tiny_against_the_daemon_matches_the_script_within_one_percent(daemon, tmp_path) -> None:
     require_module("torch")
     d = daemon("--simulate", "2xH100-SXM", "--interval", "500ms", "--rate-window", "10m")
