@@ -1,7 +1,9 @@
 """The ``gpumon`` command: serve | snapshot | doctor | diagnose | estimate | baseline.
 
 Every failure a user can cause (bad flag, bad config, no driver, busy port) ends in one line on stderr and a
-non-zero exit, never a traceback: 2 for usage and configuration errors, 1 for runtime failures.
+non-zero exit, never a traceback: 2 for usage and configuration errors, 1 for runtime failures; doctor's 3
+(cli/doctor.py), 70 for a bug, 130 interrupted, 141 stdout closed. docs/configuration.md#exit-status lists
+them; keep the two in step.
 """
 
 from __future__ import annotations

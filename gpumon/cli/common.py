@@ -171,11 +171,12 @@ def replayed_backend(path: str, wrap: Wrap = None) -> NvmlBackend:
         capture = load(path)
     except CaptureError as exc:  # checked with the settings; the file changed since
         raise BackendUnavailable(f"--replay {exc}", kind="capture") from None
+    # every command's one warning about a replay, serve's included: it names the file and what it holds
     log.warning(
-        "REPLAYING a capture (%s) from %s: every number served is a recording, not this node's GPUs "
-        '(gpumon_build_info{backend="replay"})',
-        capture.summary(),
+        "these GPUs are REPLAYED from %s (%s): every number served is a recording of another node, "
+        'not this node\'s GPUs (gpumon_build_info{backend="replay"})',
         path,
+        capture.summary(),
     )
     nv = ReplayNvml(capture)
     return NvmlBackend(wrap(nv) if wrap else nv)

@@ -205,15 +205,10 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
             "basic auth required for %d user(s) (/healthz, /readyz and SDK reports are exempt)",
             len(guard.config.users),
         )
+    # a replay was announced as the capture was opened (common.replayed_backend), with what it holds
     if backend == "sim":
         log.warning(
             'these are SIMULATED GPUs: every number served is made up (gpumon_build_info{backend="sim"})'
-        )
-    elif backend == "replay":
-        log.warning(
-            "these GPUs are REPLAYED from %s: every number served is a recording of another node "
-            '(gpumon_build_info{backend="replay"})',
-            settings.replay,
         )
     config = _uvicorn_config(app, gate)
     config.ssl = guard.ssl_context if guard is not None else None  # TCP only: see _server

@@ -12,6 +12,7 @@ import ctypes
 import ctypes.util
 import glob
 import os
+import shlex
 import textwrap
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
@@ -94,16 +95,23 @@ def _container(root: str, env: Mapping[str, str]) -> Finding | None:
         return None
     visible = env.get("NVIDIA_VISIBLE_DEVICES")
     where = "a Kubernetes pod" if "KUBERNETES_SERVICE_HOST" in env else "a container"
+    # absent said in words: a runtime can set the variable to words of its own ("all", "none", "void"), so
+    # a placeholder value would read as one of them; a set value quoted as a shell would (empty: '')
+    seen = (
+        f"running in {where}; NVIDIA_VISIBLE_DEVICES is not set"
+        if visible is None
+        else f"running in {where} with NVIDIA_VISIBLE_DEVICES={shlex.quote(visible)}"
+    )
     if visible in (None, "", "void", "none"):
         return Finding(
             "container",
             False,
-            f"running in {where} with NVIDIA_VISIBLE_DEVICES={visible or 'unset'}",
+            seen,
             "the container was started without GPUs: request them (docker run --gpus all; in Kubernetes a "
             "nvidia.com/gpu resource, or NVIDIA_VISIBLE_DEVICES=all with the nvidia runtime for a monitoring "
             "DaemonSet, as deploy/kubernetes does)",
         )
-    return Finding("container", True, f"running in {where} with NVIDIA_VISIBLE_DEVICES={visible}")
+    return Finding("container", True, seen)
 
 
 def explain(

@@ -22,7 +22,7 @@ from gpumon.gpu.attribution.ownership import GpuOwnership
 from gpumon.gpu.backend import Backend, Device
 from gpumon.gpu.events import EventsView, EventWatcher
 from gpumon.gpu.snapshot import CollectorStatus, ErrorKey, GpuStatus, Snapshot
-from gpumon.gpu.types import BackendUnavailable, DeviceDown, DriverInfo, ReadResult
+from gpumon.gpu.types import BackendUnavailable, DeviceDown, DriverInfo, ReadResult, Support
 from gpumon.gpu.worker import GpuWorker
 from gpumon.host import HostReading, HostSampler
 
@@ -39,6 +39,22 @@ LATE_LIMIT = 3.0
 # hold the interpreter lock: an idle daemon wakes within 0.1 ms, one behind three busy threads 2-20 ms);
 # then even a call in flight past its deadline may be the daemon's delay
 LAG_LIMIT = 0.002
+
+
+# what the start-up summary says of a quantity a GPU lacks, in this order
+ABSENT = {Support.NOT_SUPPORTED.value: "not supported", Support.NO_PERMISSION.value: "denied (no permission)"}
+
+
+def gpu_ranges(indices: Sequence[int]) -> str:
+    """``GPU 3``, ``GPUs 0-7`` or ``GPUs 0-2, 5``: GPU indices as runs."""
+    runs: list[list[int]] = []
+    for i in sorted(set(indices)):
+        if runs and i == runs[-1][1] + 1:
+            runs[-1][1] = i
+        else:
+            runs.append([i, i])
+    text = ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+    return f"GPUs {text}" if len(set(indices)) > 1 else f"GPU {text}"
 
 
 def _pids(st: GpuStatus) -> tuple[int, ...] | None:
@@ -59,6 +75,8 @@ class _GpuHealth:
         self.caps_version = -1
         self.caps: Mapping[str, str] = MappingProxyType({})
         self.caps_events: EventsView | None = None
+        self.announced: dict[str, str] = {}  # absent quantities already logged, and how they are absent
+        self.announced_caps: Mapping[str, str] | None = None  # the caps those were taken from
 
 
 class Sampler:
@@ -297,6 +315,7 @@ class Sampler:
         gpu_elapsed = time.monotonic() - started
         statuses = tuple(done.get(id(w)) or self._status(w, seq, w in asked, events) for w in workers)
         self._maybe_discover(now)
+        self._announce_absent(statuses)
         owners, owners_status = self._attribute(statuses)
 
         snap = Snapshot(
@@ -353,6 +372,48 @@ class Sampler:
                 done[id(w)] = self._status(w, seq, True, events)
             self._publish_early([done[id(w)] for w in finished], workers)
         return done
+
+    def _announce_absent(self, statuses: Sequence[GpuStatus]) -> None:
+        """One info line per group of GPUs that lack the same quantities, for what this sweep learnt: at
+        start-up, where eight GPUs of one model lack the same few, a line instead of one per GPU and
+        quantity (those are at debug); later, a quantity that went absent, or a GPU found late."""
+        groups: dict[tuple[tuple[str, tuple[str, ...]], ...], list[int]] = {}
+        for st in statuses:
+            health = self._health.get(st.info.uuid)
+            if health is None or st.capabilities is health.announced_caps:
+                continue  # unchanged since it was looked at: the common case, one identity check
+            health.announced_caps = st.capabilities
+            # events: the watcher logs its own count of the GPUs it watches
+            new = {
+                q: s
+                for q, s in st.capabilities.items()
+                if s in ABSENT and q != "events" and health.announced.get(q) != s
+            }
+            if not new:
+                continue
+            health.announced.update(new)
+            key = tuple(
+                (state, tuple(sorted(q for q, s in new.items() if s == state)))
+                for state in ABSENT
+                if state in new.values()
+            )
+            groups.setdefault(key, []).append(st.info.index)
+        # a capture answers NOT_SUPPORTED to a call it never saw: not a fact about the captured GPU
+        replay = (
+            "; a replay also says not supported where its capture has no answer (--log-level debug names "
+            "those calls)"
+            if self.backend.name == "replay"
+            else ""
+        )
+        for key, indices in groups.items():
+            denied = any(state == Support.NO_PERMISSION.value for state, _ in key)
+            log.info(
+                "%s: %s; their series are absent (%s)%s",
+                gpu_ranges(indices),
+                "; ".join(f"{', '.join(quantities)} {ABSENT[state]}" for state, quantities in key),
+                "run gpumon doctor for advice" if denied else "gpumon doctor shows each GPU's capabilities",
+                replay,
+            )
 
     def _late(self, w: GpuWorker) -> bool:
         """Still reading, yet not hung: no call in flight (the worker waits for the interpreter between

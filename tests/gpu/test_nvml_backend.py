@@ -91,7 +91,8 @@ def test_not_supported_is_absent_logged_once_and_not_asked_again(sims, caplog) -
     original = sim.nvmlDeviceGetTotalEccErrors
     sim.nvmlDeviceGetTotalEccErrors = lambda *a: (calls.append(a), original(*a))[1]  # type: ignore[method-assign]
     backend, (dev,) = opened(sim)
-    with caplog.at_level(logging.INFO, logger="gpumon.nvml"):
+    # at debug: the sampler sums absences up at info, one line per group of GPUs (Sampler._announce_absent)
+    with caplog.at_level(logging.DEBUG, logger="gpumon.nvml"):
         for _ in range(3):
             r = backend.read(dev, FAR).reading
     assert r.ecc_corrected_errors is None and r.remapped_rows_correctable is None

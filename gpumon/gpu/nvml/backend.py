@@ -156,8 +156,8 @@ class NvmlBackend:
                 dev = NvmlDevice(self._identify(index, uuid, handle), handle)
                 if not has_video_encoders(dev.info.name):
                     dev.set_support("encoder_utilization", Support.NOT_SUPPORTED)
-                    log.info("GPU %d (%s): an %s has no video encoders; encoder utilization is not exported",
-                             index, uuid, dev.info.name)  # fmt: skip
+                    log.debug("GPU %d (%s): an %s has no video encoders; encoder utilization is not exported",
+                              index, uuid, dev.info.name)  # fmt: skip
                 # learn which fields exist now, so the first read already takes every fallback it needs
                 fieldvalues.read(Calls(self.nv, dev))
                 found.append(dev)

@@ -92,7 +92,8 @@ class Calls:
         if self.dev.set_support(quantity, state):
             info = self.dev.info
             advice = " (run gpumon doctor for advice)" if state is Support.NO_PERMISSION else ""
-            log.info(
+            # debug: the sampler sums every GPU's absences up in one info line per group of GPUs
+            log.debug(
                 "GPU %d (%s): %s is %s via %s; its series are absent%s",
                 info.index,
                 info.uuid,
