@@ -28,10 +28,11 @@ from gpumon.gpu import xid as xids
 from gpumon.gpu.collector import PerSnapshotCollector
 from gpumon.gpu.events import EventsView
 from gpumon.gpu.snapshot import GpuStatus, Snapshot
-from gpumon.gpu.types import GpuReading
+from gpumon.gpu.types import GpuReading, has_video_encoders
 
 MiB = 2**20
 XID = "DCGM_FI_DEV_XID_ERRORS"
+ENC_UTIL = "DCGM_FI_DEV_ENC_UTIL"
 NVLINK_BANDWIDTH = "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL"
 # dcgm-exporter's GPU labels with its default counters file; Hostname is left out when the host name is ""
 # (dcgm-exporter's --no-hostname), and the XID series add err_code and err_msg
@@ -109,7 +110,8 @@ MAPPING: tuple[CompatMetric, ...] = (
     _m("DEV_MEM_COPY_UTIL", G, True, "Memory utilization (in %).", "%",
        "gpumon_gpu_memory_controller_utilization_ratio", "memory_controller_utilization_ratio", 100, PCT),
     _m("DEV_ENC_UTIL", G, True, "Encoder utilization (in %).", "%",
-       "gpumon_gpu_encoder_utilization_ratio", "encoder_utilization_ratio", 100, PCT),
+       "gpumon_gpu_encoder_utilization_ratio", "encoder_utilization_ratio", 100,
+       f"{PCT}; 0 on boards without NVENC, as NVML answers there (below)"),
     _m("DEV_DEC_UTIL", G, True, "Decoder utilization (in %).", "%",
        "gpumon_gpu_decoder_utilization_ratio", "decoder_utilization_ratio", 100, PCT),
     _m("DEV_XID_ERRORS", G, True, "Value of the last XID error encountered.", "XID code",
@@ -253,6 +255,20 @@ def _last_xid(ev: EventsView, uuid: str) -> int | None:
     return 0 if ev.running and "xid" in ev.registered.get(uuid, ()) else None
 
 
+def _nvml_encoder_zero(st: GpuStatus, r: GpuReading) -> bool:
+    """Whether DCGM would read 0 where gpumon has no encoder value because it never asked.
+
+    The backend skips nvmlDeviceGetEncoderUtilization on boards without NVENC (its answer there is always 0,
+    so gpumon's own series would say nothing), but DCGM makes the call and dcgm-exporter serves the 0 (a real
+    H200 answers it: tests/fixtures/captures/h200-load-2.json). The decoder call goes the same way through the
+    driver; without its answer there is no evidence the board answers either, so nothing stands in."""
+    return (
+        r.encoder_utilization_ratio is None
+        and r.decoder_utilization_ratio is not None
+        and not has_video_encoders(st.info.name)
+    )
+
+
 def _labels(st: GpuStatus, hostname: str, driver: str, host_label: str = "Hostname") -> dict[str, str]:
     i = st.info
     values = (str(i.index), i.uuid, i.pci_bus_id, f"nvidia{i.index}", i.name, hostname, driver)
@@ -280,6 +296,8 @@ def build_families(
                 value = _read(r, m.field)
                 if value is not None:
                     f[m.name].add_sample(m.name, labels, _convert(value, m))
+            if _nvml_encoder_zero(st, r):
+                f[ENC_UTIL].add_sample(ENC_UTIL, labels, 0.0)
             rate = _nvlink_rate(before.get(st.info.uuid), r)
             if rate is not None:
                 f[NVLINK_BANDWIDTH].add_sample(NVLINK_BANDWIDTH, labels, rate)
@@ -379,8 +397,13 @@ and join `gpumon_xid_info` on `xid` for severity and action.
   ones said `counter`). gpumon differences the counters between the snapshots two scrapes see: no value on
   the first scrape or after a counter reset. DCGM's source divides KiB/s by 1000 where its comment says MiB;
   gpumon divides by 2^20 (2.4 % apart).
-- `DCGM_FI_DEV_ENC_UTIL` is absent on boards without video encoders (A100, H100, H200, B200), where gpumon
-  finds NVML answering NOT_SUPPORTED; dcgm-exporter reports DCGM's blank value there.
+- `DCGM_FI_DEV_ENC_UTIL` is 0 on boards without video encoders (A100, A30, Hopper and Blackwell datacenter
+  parts), as dcgm-exporter serves it: NVML answers the encoder call there, always with 0 (a real H200 does:
+  `tests/fixtures/captures/h200-load-2.json`). gpumon skips that call, so its own
+  `gpumon_gpu_encoder_utilization_ratio` is absent on those boards, and the compat series stands in NVML's 0
+  as long as the board answers the decoder call. Where NVML answers NOT_SUPPORTED or an error (the encoder
+  call on a board with encoders, or the decoder call), the series is absent, as dcgm-exporter skips DCGM's
+  blank value.
 - `DCGM_FI_PROF_*` activities are ratios 0-1, as DCGM reports them, though some dcgm-exporter CSVs say
   "(in %)". They need gpumon's profiling counters (NVML GPM on Hopper and later, or DCGM).
 - Scaled values are rounded to 6 decimals, so that 29 % is not 28.999999999999996.

@@ -15,8 +15,11 @@ from support.helpers import ROOT, require_tool, set_state
 
 from gpumon import metrics as M
 from gpumon.gpu import compat_dcgm as compat
+from gpumon.gpu.capture import ReplayNvml, load
 from gpumon.gpu.compat_dcgm import LABELS, MAPPING, DcgmCompatCollector, node_hostname, render_markdown
 from gpumon.gpu.events import EventsView
+from gpumon.gpu.nvml import NvmlBackend
+from gpumon.gpu.sampler import Sampler
 from gpumon.gpu.snapshot import Snapshot
 from gpumon.gpu.types import GpuReading, ProfilingReading
 from gpumon.web.exposition import Renderer
@@ -24,6 +27,10 @@ from gpumon.web.server import build_registry
 
 MiB = 2**20
 HOST = "gpu-node-7"
+ENC, DEC = "DCGM_FI_DEV_ENC_UTIL", "DCGM_FI_DEV_DEC_UTIL"
+OWN_ENC, OWN_DEC = "gpumon_gpu_encoder_utilization_ratio", "gpumon_gpu_decoder_utilization_ratio"
+# recorded by today's sampler on a real H200 (driver 580), which answers the encoder call with 0
+H200_CAPTURE = ROOT / "tests" / "fixtures" / "captures" / "h200-load-2.json"
 # promtool lint messages the compat names cause (docs/dcgm-compat.md lists them); nothing else is allowed
 COMPAT_LINTS = (
     "label names should be written in 'snake_case' not 'camelCase'",
@@ -119,6 +126,60 @@ def test_framebuffer_is_whole_mib_rounded_down_and_video_engines_in_percent(snap
     )
     assert (value(fams, "DCGM_FI_DEV_FB_USED"), value(fams, "DCGM_FI_DEV_FB_FREE")) == (59_999, 20_000)
     assert (value(fams, "DCGM_FI_DEV_ENC_UTIL"), value(fams, "DCGM_FI_DEV_DEC_UTIL")) == (7, 33)
+
+
+def served(snap: Snapshot) -> dict[str, dict[str, float]]:
+    """family → gpu → value of what ``gpumon serve --compat dcgm`` serves, gpumon's series and DCGM's."""
+    registry = build_registry(lambda: snap, compat="dcgm", node=HOST)
+    body = Renderer().render(registry.collect(), openmetrics_format=False).decode()
+    return {
+        fam.name: {s.labels["gpu"]: s.value for s in fam.samples}
+        for fam in parse_text(body)
+        if any("gpu" in s.labels for s in fam.samples)
+    }
+
+
+def test_boards_without_nvenc_have_dcgms_encoder_zero_and_no_gpumon_encoder_series(sims, samplers) -> None:
+    """NVML answers the encoder call with 0 on boards without NVENC (the real H200 does: H200_CAPTURE), so
+    DCGM and dcgm-exporter report 0 there. gpumon does not ask (its own series would say nothing), and
+    compat stands in NVML's 0; where NVML does not answer the video engines, neither series is made up."""
+    h100, h200, l4 = "0", "1", "2"
+    sim = sims("1xH100-SXM,1xH200,1xL4", static=True)
+    sampler = samplers(sim)
+    out = served(sampler.sweep())
+    assert out[ENC] == out[DEC] == {h100: 0, h200: 0, l4: 0}
+    assert set(out[OWN_ENC]) == {l4} and set(out[OWN_DEC]) == {h100, h200, l4}  # gpumon's own, unchanged
+
+    # NOT_SUPPORTED from the driver: the H100's decoder (so no encoder 0 either), the L4's encoder
+    sim.faults.add("unsupported:0:nvmlDeviceGetDecoderUtilization")
+    sim.faults.add("unsupported:2:nvmlDeviceGetEncoderUtilization")
+    out = served(sampler.sweep())
+    assert set(out[ENC]) == {h200} and set(out[DEC]) == {h200, l4}
+    assert OWN_ENC not in out
+
+
+def test_a_replayed_real_h200_has_dcgms_encoder_and_decoder_series() -> None:
+    calls = load(str(H200_CAPTURE)).calls
+    answers = [c["value"] for c in calls if c["op"] == "nvmlDeviceGetEncoderUtilization"]
+    assert answers and all(a[0] == 0 for a in answers)  # what DCGM reads on this board
+    sampler = Sampler(NvmlBackend(ReplayNvml(load(str(H200_CAPTURE)))), interval=1.0)
+    sampler.open()
+    try:
+        out = served(sampler.sweep())
+    finally:
+        sampler.stop()
+    assert out[ENC] == out[DEC] == {"0": 0}
+    assert OWN_ENC not in out and out[OWN_DEC] == {"0": 0}  # gpumon's own: no encoder series on an H200
+
+
+def test_the_simulator_answers_the_encoder_call_on_boards_without_nvenc_as_a_real_h200(sims) -> None:
+    """gpumon once assumed NOT_SUPPORTED there, and so did the simulator; the real H200 answers 0."""
+    sim = sims("1xH100-SXM,1xH200,1xA100-SXM", static=True)
+    sim.nvmlInit()
+    for index in range(3):
+        handle = sim.nvmlDeviceGetHandleByIndex(index)
+        utilization, window_us = sim.nvmlDeviceGetEncoderUtilization(handle)
+        assert utilization == 0 and window_us > 0, sim.nvmlDeviceGetName(handle)
 
 
 def test_the_host_label_can_take_dcgm_exporters_new_spelling(snap: Snapshot) -> None:

@@ -11,7 +11,6 @@ import re
 from dataclasses import dataclass, replace
 
 from gpumon.gpu.sim.mig_layout import LayoutError, place
-from gpumon.gpu.types import has_video_encoders
 
 MiB = 1024 * 1024
 
@@ -55,12 +54,6 @@ class SimModel:
     def process_bytes(self) -> int:
         """HBM processes can hold: the board's memory less what the driver reserves."""
         return (self.memory_mib - self.reserved_mib) * MiB
-
-    @property
-    def nvenc(self) -> bool:
-        """Video encoders: the graphics-derived boards have them; the compute parts (A100, Hopper, Blackwell
-        datacenter) carry decoders only."""
-        return has_video_encoders(self.nvml_name)
 
     @property
     def gpm(self) -> bool:
