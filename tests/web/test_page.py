@@ -194,6 +194,11 @@ def open_page(driver: Any, url: str, rows: str = "#gpu-rows > tr") -> None:
     wait_for(f"{rows} at {url}", lambda: texts(driver, rows))
 
 
+def click(driver: Any, css: str) -> None:
+    """Click the first element matching ``css`` as a user would, looking again when a redraw replaced it."""
+    wait_for(f"a click on {css}", lambda: driver.find_element("css selector", css).click() or True)
+
+
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     """Two simulated H100s running a simulated job through the SDK, with a baseline it falls far short of."""
@@ -228,7 +233,7 @@ def number(text: str) -> float:
 @pytest.mark.slow
 def test_the_page_shows_each_gpu_and_the_job_with_its_verdict_evidence_and_baseline(chrome, demo) -> None:
     api = wait_for("the demo job's rates", lambda: job_ready(demo, "demo"))
-    open_page(chrome, demo.url + "/?refresh=1", "#job-rows a.job-name")
+    open_page(chrome, demo.url + "/?refresh=1", "#job-rows .job-name")
     gpus = demo.get("/v1/gpus").json()["gpus"]
     wait_for("the GPUs' users", lambda: "demo rank 1" in texts(chrome, "#gpu-rows > tr")[1])
     rows = texts(chrome, "#gpu-rows > tr")
@@ -273,12 +278,93 @@ def test_the_page_shows_each_gpu_and_the_job_with_its_verdict_evidence_and_basel
     assert len(chrome.find_elements("css selector", "#job-rows li.worse")) == 3  # all three below the mark
 
     # evidence the reader opened stays open across refreshes
-    chrome.find_element("css selector", "#job-rows details summary").click()
+    click(chrome, "#job-rows details summary")
     seen = refreshes(chrome)
     wait_for("two more refreshes", lambda: refreshes(chrome) >= seen + 2)
     assert chrome.execute_script("return document.querySelector('#job-rows details').open")
     assert status(chrome).startswith("live · sample ")
     assert problems(chrome) == []
+
+
+@pytest.mark.slow
+def test_a_jobs_name_opens_its_ranks_and_advice_in_the_page(chrome, demo) -> None:
+    """Found trying the page as a new user would (issue 32): the job's name led to raw JSON. It opens the
+    job below its row, as `gpumon diagnose` tells it, from the detail the page already has; the JSON is one
+    link further."""
+    api = wait_for("the demo job's rates", lambda: job_ready(demo, "demo"))
+    open_page(chrome, demo.url + "/?refresh=0.5", "#job-rows details")
+    assert texts(chrome, "#job-rows > tr.job-detail") == []
+    click(chrome, "#job-rows .job-name")
+    (shown,) = wait_for("the job's details", lambda: texts(chrome, "#job-rows > tr.job-detail"))
+    assert shown.startswith("Advice: " + api["diagnosis"]["advice"]), shown
+    for r in api["ranks"]:
+        g = r["gpus"][0]
+        line = re.search(
+            rf"rank {r['rank']} train · pid {r['pid']} · GPU {g['index']} {g['name']} .*\n(.*)", shown
+        )
+        assert line, shown
+        assert number(line[1].split("MFU ")[1]) == pytest.approx(r["mfu"] * 100, abs=1.0)
+        assert re.search(
+            r"[\d.]+ k tokens/s · step [\d.]+ s · MFU .* · data wait \d+ % · communication", line[1]
+        )
+    assert shown.endswith("\nthis job as JSON")
+    href = "return document.querySelector('#job-rows a.job-json').href"
+    assert chrome.execute_script(href) == demo.url + "/v1/jobs/demo"
+
+    # open across redraws, directly below the job's row; the name closes them
+    seen = refreshes(chrome)
+    wait_for("two more refreshes", lambda: refreshes(chrome) >= seen + 2)
+    rows = "return Array.from(document.querySelectorAll('#job-rows > tr'), (r) => r.className)"
+    assert chrome.execute_script(rows) == ["", "job-detail"]
+    expanded = "return document.querySelector('#job-rows .job-name').ariaExpanded"
+    assert chrome.execute_script(expanded) == "true"
+    click(chrome, "#job-rows .job-name")
+    wait_for("the details closed", lambda: chrome.execute_script(rows) == [""])
+    seen = refreshes(chrome)
+    wait_for("two more refreshes", lambda: refreshes(chrome) >= seen + 2)
+    assert chrome.execute_script(rows) == [""] and chrome.execute_script(expanded) == "false"
+    assert problems(chrome) == []
+
+
+# the runs of letters and digits in the text under the selected elements that the layout splits across lines
+# (a word is a run: "NVIDIA", "H100", "80GB"; a name may still wrap at its spaces, hyphens and slashes)
+BROKEN_WORDS = """
+const broken = [];
+for (const root of document.querySelectorAll(arguments[0])) {
+  const walk = document.createTreeWalker(root, NodeFilter.SHOW_TEXT);
+  for (let text = walk.nextNode(); text; text = walk.nextNode()) {
+    for (const m of text.data.matchAll(/[\\p{L}\\p{N}]+/gu)) {
+      const range = document.createRange();
+      range.setStart(text, m.index);
+      range.setEnd(text, m.index + m[0].length);
+      if (new Set(Array.from(range.getClientRects(), (r) => Math.round(r.top))).size > 1) broken.push(m[0]);
+    }
+  }
+}
+return broken;
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("width", [420, 800])
+def test_on_a_phone_or_a_narrow_window_no_word_is_broken_across_lines(demo, width: int) -> None:
+    """Found trying the page as a new user would (issue 32): at 420 px the tables squeezed their name
+    columns until "NVIDIA H100 80GB HBM3" and the job's name stood one letter a line."""
+    wait_for("the demo job's rates", lambda: job_ready(demo, "demo"))
+    with chromium(width=width) as narrow:
+        open_page(narrow, demo.url + "/?refresh=1", "#job-rows details")
+        wait_for("the GPUs' users", lambda: "demo rank 1" in texts(narrow, "#gpu-rows > tr")[1])
+        assert "NVIDIA H100 80GB HBM3" in texts(narrow, "#gpu-rows > tr")[0]
+        assert narrow.execute_script(BROKEN_WORDS, "#gpu-rows, #job-rows") == []
+        # the page never scrolls sideways; a table may in its box, but not on a phone, where rows stack
+        boxes = "html, .scroll" if width < 640 else "html"
+        widths = narrow.execute_script(
+            "return Array.from(document.querySelectorAll(arguments[0]), "
+            "(e) => [e.scrollWidth, e.clientWidth])",
+            boxes,
+        )
+        assert all(scroll <= client for scroll, client in widths), widths
+        assert problems(narrow) == []
 
 
 @pytest.mark.slow
@@ -292,12 +378,12 @@ def test_the_page_refreshes_itself_and_stays_usable_with_20_jobs_on_8_gpus(chrom
     for i in range(19):
         post(d, now_report(50, job=f"job-{i:02}", devices=[str(i % 8)], step_seconds=0.2))
     post(d, now_report(50, job=longest, devices=["7"], step_seconds=0.2))
-    wait_for("20 job rows", lambda: len(texts(chrome, "#job-rows a.job-name")) == 20)
+    wait_for("20 job rows", lambda: len(texts(chrome, "#job-rows .job-name")) == 20)
     assert chrome.execute_script("return window.__sameDocument === true")  # redrawn, not reloaded
     assert status(chrome) != first  # a newer sample
     gpu0 = texts(chrome, "#gpu-rows > tr")[0]
     assert all(f"job-{i:02} rank 0" in gpu0 for i in (0, 8, 16))
-    names = texts(chrome, "#job-rows a.job-name")
+    names = texts(chrome, "#job-rows .job-name")
     assert names == sorted(names) and names[0] == "job-00" and names[-1] == longest
     assert f"{longest} rank 0" in texts(chrome, "#gpu-rows > tr")[7]
     # neither the page nor either table scrolls sideways at 1280 px
@@ -313,12 +399,15 @@ def test_the_page_refreshes_itself_and_stays_usable_with_20_jobs_on_8_gpus(chrom
 def test_a_hostile_job_name_is_text_and_its_link_and_detail_stay_one_path_segment(chrome, daemon) -> None:
     d = daemon("--simulate", "2xH100-SXM", "--interval", "250ms")
     post(d, now_report(50, job=HOSTILE_JOB, devices=["0"], step_seconds=0.2))
-    open_page(chrome, d.url + "/?refresh=1", "#job-rows a.job-name")
-    link = chrome.find_element("css selector", "#job-rows a.job-name")
-    assert link.text == HOSTILE_JOB
-    assert link.get_attribute("href") == d.url + "/v1/jobs/" + quote(HOSTILE_JOB, safe="")
+    open_page(chrome, d.url + "/?refresh=1", "#job-rows .job-name")
+    assert texts(chrome, "#job-rows .job-name") == [HOSTILE_JOB]
+    click(chrome, "#job-rows .job-name")
+    read = "return document.querySelector('#job-rows a.job-json').href"
+    assert wait_for("the JSON link", lambda: chrome.execute_script(read)) == (
+        d.url + "/v1/jobs/" + quote(HOSTILE_JOB, safe="")
+    )
     assert d.get("/v1/jobs/" + quote(HOSTILE_JOB, safe="")).json()["job"] == HOSTILE_JOB
-    # the detail request found the job: its evidence, step time and GPU are drawn
+    # the job's detail came with the list: its evidence, step time and GPU are drawn
     wait_for("the job's detail", lambda: "signals" in texts(chrome, "#job-rows > tr")[0])
     assert f"{HOSTILE_JOB} rank 0" in texts(chrome, "#gpu-rows > tr")[0]
     assert problems(chrome) == []

@@ -2,8 +2,9 @@
 markup, and every way a refresh can fail.
 
 A small server stands in for the daemon: it serves the real page (gpumon.web.page, its CSP included) and
-documents a real daemon answered, changed as each test needs. Process names, owners and XID text cannot be
-chosen on a simulated node, and the error states cannot be held there for long enough.
+documents a real daemon answered, changed as each test needs, and notes every request the page makes.
+Process names, owners, XID text and host figures cannot be chosen on a simulated node, and the error states
+cannot be held there for long enough.
 """
 
 from __future__ import annotations
@@ -22,7 +23,11 @@ from support.browser import chromium, problems, refreshes, status, texts, wait_f
 from support.helpers import start_daemon
 from support.reports import now_report
 
+from gpumon.cli.snapshot import render
 from gpumon.client import protocol as P
+from gpumon.gpu.snapshot import Snapshot
+from gpumon.gpu.types import DriverInfo
+from gpumon.host import HostReading
 from gpumon.web import page
 
 pytestmark = pytest.mark.slow
@@ -33,20 +38,24 @@ PAYLOAD = (
 )
 JSON = "application/json"
 DROP = object()  # close the connection without an answer
+GIB = 2**30
 
 
 class FakeNode:
     """Serves the page and, for each path (decoded), a status and a JSON body (or raw bytes, or DROP).
-    Each /v1/gpus answer gets the next sweep number, as a live daemon's does, unless ``frozen``."""
+    Each /v1/gpus answer gets the next sweep number, as a live daemon's does, unless ``frozen``.
+    ``requests``: each request's path and query, as sent."""
 
     def __init__(self) -> None:
         self.answers: dict[str, tuple[int, Any]] = {}
+        self.requests: list[str] = []
         self.frozen = False
         self.sweep = 0
         node = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
+                node.requests.append(self.path)
                 path = unquote(urlsplit(self.path).path)
                 if path == "/":
                     html = {"Content-Type": "text/html; charset=utf-8", **page.headers()}
@@ -78,8 +87,10 @@ class FakeNode:
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def serve(self, gpus: dict[str, Any], jobs: dict[str, Any], details: dict[str, Any]) -> None:
-        """/v1/jobs as the page asks for it (?detail=true): each job's detail document in its entry."""
+        """/v1/jobs as the page asks for it (?detail=true): each job's detail document in its entry; and
+        each at /v1/jobs/{job}, where the daemon also serves it."""
         self.answers["/v1/gpus"] = (200, gpus)
+        self.answers.update({"/v1/jobs/" + name: (200, doc) for name, doc in details.items()})
         listed = [{**j, "detail": details[j["job"]]} if j["job"] in details else j for j in jobs["jobs"]]
         self.answers["/v1/jobs"] = (200, {**jobs, "jobs": listed})
 
@@ -172,6 +183,8 @@ def test_markup_in_every_string_the_api_returns_is_shown_as_text(browser, fake, 
     fake.serve(gpus, jobs, {hostile(name): doc for name, doc in details.items()})
     browser.get(fake.url + "/?refresh=0.5")
     wait_for("both jobs' details", lambda: sum("signals" in t for t in texts(browser, "#job-rows > tr")) == 2)
+    browser.execute_script("document.querySelectorAll('#job-rows .job-name').forEach((b) => b.click())")
+    assert len(texts(browser, "#job-rows > tr.job-detail")) == 2  # their ranks and advice, opened at once
     seen = refreshes(browser)
     wait_for("a redraw", lambda: refreshes(browser) > seen)
 
@@ -193,12 +206,16 @@ def test_markup_in_every_string_the_api_returns_is_shown_as_text(browser, fake, 
         f"not comparable: {PAYLOAD}the ranks report different dtypes",
         f"vs {PAYLOAD}beta-baseline",
         f"MIG: {PAYLOAD}3g.40gb",
+        f"Advice: {PAYLOAD}",  # the opened details: a job's advice, a rank's kind and GPU
+        f"{PAYLOAD}train · pid ",
+        f" · GPU 0 {PAYLOAD}NVIDIA H100 80GB HBM3",
     ):
         assert shown in text, shown
     assert "XID 79 \N{MULTIPLICATION SIGN}2" in text and "XID watcher off" in text
     assert "3 NVML error(s)" in text
     links = [a.get_attribute("href") for a in browser.find_elements("css selector", "#job-rows a")]
-    # each name one path segment under /v1/jobs/ (encodeURIComponent leaves !*'() as they are)
+    # the opened details' JSON links: each name one path segment under /v1/jobs/ (encodeURIComponent leaves
+    # !*'() as they are)
     assert links == [fake.url + "/v1/jobs/" + quote(PAYLOAD + n, safe="!*'()") for n in ("alpha", "beta")]
     assert problems(browser) == []
 
@@ -209,7 +226,7 @@ def test_a_failed_refresh_says_what_failed_and_keeps_the_last_data(browser, fake
     browser.get(fake.url + "/?refresh=0.5")
     wait_for("the 503", lambda: "GPUs: 503: not ready: waiting for the first sample" in status(browser))
     assert "no data yet" in status(browser) and texts(browser, "#gpu-rows > tr") == []
-    assert len(texts(browser, "#job-rows a.job-name")) == 2  # the jobs answered
+    assert len(texts(browser, "#job-rows .job-name")) == 2  # the jobs answered
 
     fake.answers["/v1/gpus"] = (200, real["gpus"])
     wait_for("live", lambda: status(browser).startswith("live"))
@@ -232,16 +249,46 @@ def test_a_failed_refresh_says_what_failed_and_keeps_the_last_data(browser, fake
     fake.answers["/v1/jobs"] = (500, {"detail": "boom"})
     wait_for("the jobs' error", lambda: "jobs: HTTP 500: boom" in status(browser))
     assert browser.find_element("id", "jobs").get_attribute("class") == "stale"
-    assert len(texts(browser, "#job-rows a.job-name")) == 2
+    assert len(texts(browser, "#job-rows .job-name")) == 2
 
     fake.serve(real["gpus"], real["jobs"], real["details"])
     jobs = fake.answers["/v1/jobs"][1]
     ended = [j for j in jobs["jobs"] if j["job"] != "beta"]
     fake.answers["/v1/jobs"] = (200, {**jobs, "jobs": ended})
-    wait_for("beta gone", lambda: texts(browser, "#job-rows a.job-name") == ["alpha"])
+    wait_for("beta gone", lambda: texts(browser, "#job-rows .job-name") == ["alpha"])
     assert status(browser).startswith("live")
     assert browser.find_element("id", "jobs").get_attribute("class") == ""
 
     fake.frozen = True  # the daemon answers, but its sampler has stopped
     wait_for("the stall", lambda: "no new sample for" in status(browser), timeout=10)
     assert problems(browser, allow_network=True) == []
+
+
+def test_the_host_memory_is_what_is_available_as_gpumon_snapshot_says_it(browser, fake, real) -> None:
+    """Found trying the page as a new user would (issue 32): the page showed host memory used, unlabelled,
+    where `gpumon snapshot` shows it available. Both show available now, and say so."""
+    gpus = copy.deepcopy(real["gpus"])
+    gpus["host"].update(memory_total_bytes=64 * GIB, memory_available_bytes=48.4 * GIB)
+    fake.serve(gpus, real["jobs"], real["details"])
+    browser.get(fake.url + "/?refresh=0.5")
+    facts = wait_for("the node's facts", lambda: browser.find_element("id", "node-facts").text)
+    assert " · memory 48.4 / 64.0 GiB available · " in facts, facts
+
+    host = HostReading(**gpus["host"])
+    snap = Snapshot(1.0, 1, 1.0, "sim", DriverInfo("570", "12.8", "12"), 0, (), host, (), {})
+    (line,) = (x for x in render(snap).splitlines() if x.startswith("host: "))
+    assert " · memory 48.4/64.0 GiB available · " in line, line
+    assert problems(browser) == []
+
+
+def test_a_refresh_is_two_requests_however_many_jobs_and_opening_a_job_is_none(browser, fake, real) -> None:
+    """What docs/deploy.md says of the rate limit: each job's detail comes in the one jobs request."""
+    fake.serve(real["gpus"], real["jobs"], real["details"])
+    browser.get(fake.url + "/?refresh=300")  # one refresh, at load
+    wait_for("both jobs", lambda: len(texts(browser, "#job-rows .job-name")) == 2)
+    browser.execute_script("document.querySelectorAll('#job-rows .job-name').forEach((b) => b.click())")
+    wait_for("both jobs' details", lambda: len(texts(browser, "#job-rows > tr.job-detail")) == 2)
+    time.sleep(1)  # room for a request that should not come
+    assert refreshes(browser) == 1
+    assert fake.requests == ["/?refresh=300", "/v1/gpus", "/v1/jobs?detail=true"]
+    assert problems(browser) == []

@@ -29,8 +29,9 @@ const gpumonGpus = (() => {
     const h = doc.host;
     if (h) {
       parts.push("host CPU " + pct(h.cpu_utilization_ratio) + " of " + h.cpu_count + " cores");
-      const used = isNum(h.memory_total_bytes) ? h.memory_total_bytes - h.memory_available_bytes : null;
-      parts.push("memory " + gib(used) + " / " + gib(h.memory_total_bytes) + " GiB");
+      // what `gpumon snapshot` says: available (not used, as HBM is) of total, labelled so
+      const available = gib(h.memory_available_bytes);
+      parts.push("memory " + available + " / " + gib(h.memory_total_bytes) + " GiB available");
       if (isNum(h.load1))
         parts.push("load " + [h.load1, h.load5, h.load15].map((l) => l.toFixed(2)).join(" "));
     }

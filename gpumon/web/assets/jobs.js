@@ -1,7 +1,8 @@
 "use strict";
-// The jobs table, from GET /v1/jobs and each job's GET /v1/jobs/{job}.
+// The jobs table, from GET /v1/jobs?detail=true: every job with its detail (the document GET /v1/jobs/{job}
+// serves), and each job's details below its row once the reader opens them.
 const gpumonJobs = (() => {
-  const { DASH, isNum, el, small, badge, pct, times, words, duration, si } = gpumonKit;
+  const { DASH, isNum, el, small, badge, pct, times, clock, words, duration, si } = gpumonKit;
   const WORSE = 0.9; // the alert rules' thresholds against a baseline (alerts/alerting.rules.yml)
   const SLOWER = 1.1;
   const VERDICT_CLASS = new Map([
@@ -13,10 +14,14 @@ const gpumonJobs = (() => {
     ["exited", "bad"],
   ]);
   const openEvidence = new Set(); // jobs whose evidence the reader opened: kept open across redraws
+  const openJobs = new Set(); // jobs whose details the reader opened (by their name): likewise
 
   // jobs: [{summary, detail}], detail null where it could not be read this time
   function rows(jobs) {
-    const out = jobs.map(row);
+    const out = jobs.flatMap((job) => {
+      const name = String(job.summary.job);
+      return openJobs.has(name) ? [row(job), detailRow(name, job.detail)] : [row(job)];
+    });
     if (!out.length) {
       const none = "No job reports to this node. Jobs appear once their ranks report through the gpumon SDK.";
       out.push(el("tr", null, el("td", { colSpan: 6, class: "muted" }, none)));
@@ -47,8 +52,6 @@ const gpumonJobs = (() => {
     const current = detail && detail.baseline && detail.baseline.current;
     const perGpu =
       current && isNum(current.tokens_per_second_per_gpu) ? current.tokens_per_second_per_gpu : null;
-    // location.origin: never the user:password a page may have been opened with
-    const href = location.origin + "/v1/jobs/" + encodeURIComponent(name);
     const here = summary.ranks_on_node + (world ? " of " + world : "") + " ranks here";
     return el(
       "tr",
@@ -56,7 +59,7 @@ const gpumonJobs = (() => {
       el(
         "td",
         null,
-        el("a", { class: "job-name", href, title: "this job as JSON" }, name),
+        nameButton(name, detail),
         small(here + (kinds ? " \u00b7 " + kinds : "")),
         gpus.length ? small("GPU " + gpus.join(", ")) : null,
       ),
@@ -70,6 +73,72 @@ const gpumonJobs = (() => {
       el("td", { class: "num" }, stepTime(detail, ranks)),
       verdict(name, summary, detail),
       baseline(detail),
+    );
+  }
+
+  // the name opens the job's details below its row, at once, and keeps them open across redraws
+  function nameButton(name, detail) {
+    const expanded = String(openJobs.has(name));
+    const title = "this job's ranks and advice";
+    const button = el("button", { class: "job-name", type: "button", ariaExpanded: expanded, title }, name);
+    button.addEventListener("click", () => {
+      const row = button.closest("tr");
+      const next = row.nextElementSibling;
+      if (openJobs.delete(name)) {
+        if (next && next.classList.contains("job-detail")) next.remove();
+      } else {
+        openJobs.add(name);
+        row.after(detailRow(name, detail));
+      }
+      button.ariaExpanded = String(openJobs.has(name));
+    });
+    return button;
+  }
+
+  // much what `gpumon diagnose` prints, from the detail the page already has: the advice and each rank here
+  function detailRow(name, detail) {
+    // location.origin: never the user:password a page may have been opened with
+    const href = location.origin + "/v1/jobs/" + encodeURIComponent(name);
+    const diagnosis = (detail && detail.diagnosis) || {};
+    const ranks = detail && Array.isArray(detail.ranks) ? detail.ranks : [];
+    return el(
+      "tr",
+      { class: "job-detail" },
+      el(
+        "td",
+        { colSpan: 6 },
+        detail ? null : small("details unavailable this refresh"),
+        diagnosis.advice ? el("p", null, el("b", null, "Advice: "), String(diagnosis.advice)) : null,
+        ranks.length ? el("ul", { class: "plain ranks" }, ranks.map(rankLine)) : null,
+        el("a", { class: "job-json", href }, "this job as JSON"),
+      ),
+    );
+  }
+
+  function rankLine(r) {
+    const rates = r.rates || {};
+    const phases = rates.phase_ratios || {};
+    const gpus = (Array.isArray(r.gpus) ? r.gpus : []).map((g) => "GPU " + g.index + " " + g.name);
+    const mfu = isNum(r.mfu) ? "" : " (" + (r.peak_problem || "no FLOPs per token reported") + ")";
+    const figures = [
+      si(rates.tokens_per_second) + " tokens/s",
+      "step " + duration(rates.step_time_seconds),
+      "MFU " + pct(r.mfu, 1) + mfu,
+      "data wait " + pct(phases.data_wait),
+      "communication " + pct(phases.communication),
+      "last report " + clock(r.last_report),
+    ];
+    const v = r.diagnosis || {};
+    const memory = r.memory && r.memory.gap ? small("memory: " + r.memory.gap) : null;
+    return el(
+      "li",
+      null,
+      el("b", null, "rank " + r.rank),
+      " " + [r.kind, "pid " + r.pid, gpus.join(", ") || "no GPU known"].join(" \u00b7 ") + " ",
+      r.gone ? badge(String(r.gone), r.gone === "finished" ? "" : "bad") : null,
+      v.bottleneck ? badge(words(v.bottleneck), VERDICT_CLASS.get(v.bottleneck) ?? "warn", v.summary) : null,
+      small(figures.join(" \u00b7 ")),
+      memory,
     );
   }
 

@@ -12,7 +12,7 @@ const gpumonKit = (() => {
     for (const [key, value] of Object.entries(props || {})) {
       if (value === undefined || value === null) continue;
       if (key === "class") node.className = value;
-      else if (key === "title" || key === "href" || key === "colSpan" || key === "open") node[key] = value;
+      else if (["title", "href", "colSpan", "open", "type", "ariaExpanded"].includes(key)) node[key] = value;
       else node.dataset[key] = String(value);
     }
     for (const child of children.flat()) {
@@ -28,6 +28,19 @@ const gpumonKit = (() => {
     // through the CSSOM, which the CSP's style-src does not govern (a style attribute it would refuse)
     fill.style.width = (isNum(ratio) ? Math.max(0, Math.min(1, ratio)) * 100 : 0) + "%";
     return el("div", { class: hot ? "bar hot" : "bar" }, fill);
+  }
+
+  // each cell's column name in data-label, which the narrow layout shows beside it (page.css); a cell
+  // spanning columns gets none
+  function labelCells(tbody) {
+    const names = Array.from(tbody.parentElement.tHead.rows[0].cells, (th) => th.textContent);
+    for (const row of tbody.rows) {
+      let column = 0;
+      for (const cell of row.cells) {
+        if (cell.colSpan === 1) cell.dataset.label = names[column];
+        column += cell.colSpan;
+      }
+    }
   }
 
   // the API speaks bytes, ratios, watts, seconds
@@ -62,6 +75,7 @@ const gpumonKit = (() => {
     small,
     badge,
     bar,
+    labelCells,
     pct,
     gib,
     watts,

@@ -3,7 +3,7 @@
 // /v1/jobs with each job's detail; redraw; and say in the status line when the answers are stale. A failed
 // refresh keeps the last data drawn, and nothing is ever thrown to the console.
 (() => {
-  const { isNum, clock, duration } = gpumonKit;
+  const { isNum, clock, duration, labelCells } = gpumonKit;
   const body = document.body;
   const JOBS_ON = body.dataset.jobs === "on";
   const asked = Number(new URLSearchParams(location.search).get("refresh"));
@@ -83,10 +83,12 @@
     if (state.gpus) {
       $("node-facts").replaceChildren(...gpumonGpus.facts(state.gpus));
       $("gpu-rows").replaceChildren(...gpumonGpus.rows(state.gpus, gpumonJobs.users(jobs)));
+      labelCells($("gpu-rows"));
     }
     if (JOBS_ON && state.jobs) {
       $("jobs-window").replaceChildren("rates over the last " + duration(state.jobs.window));
       $("job-rows").replaceChildren(...gpumonJobs.rows(jobs));
+      labelCells($("job-rows"));
     }
   }
 
