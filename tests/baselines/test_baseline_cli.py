@@ -13,6 +13,7 @@ import pytest
 import uvicorn
 from prometheus_client.parser import text_string_to_metric_families
 from support.helpers import run_gpumon
+from support.poll import poll
 from support.reports import report
 
 from gpumon.baselines import library as B
@@ -86,21 +87,16 @@ def gpumon(node: Node, *args: str):
     return run_gpumon("baseline", "--baselines", lib, *args, env={"GPUMON_URL": node.url})
 
 
-def wait_for(predicate, timeout: float = 15.0):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError("timed out")
-
-
 @pytest.mark.slow
 def test_record_compare_and_manage_a_baseline_end_to_end(node: Node, tmp_path: Path) -> None:
     # once the daemon has a history for the job, too little steady time in it is a one-line error (all of
     # it is warm-up here, so the answer does not depend on how fast this machine starts the CLI)
-    wait_for(lambda: httpx.get(node.url + "/v1/history/llm").status_code == 200)
+    poll(
+        lambda: httpx.get(node.url + "/v1/history/llm").status_code == 200,
+        15,
+        "the daemon's history of job llm",
+        every=0.1,
+    )
     early = gpumon(node, "record", "--job", "llm", "--window", "10s", "--warmup", "60m")
     assert early.returncode == 2 and "steady interval" in early.stderr and "Traceback" not in early.stderr
     time.sleep(2.5)  # a dozen history samples
@@ -124,7 +120,7 @@ def test_record_compare_and_manage_a_baseline_end_to_end(node: Node, tmp_path: P
     def ratio():
         return node.metrics().get("gpumon_training_throughput_baseline_ratio")
 
-    (r,) = wait_for(ratio)
+    (r,) = poll(ratio, 15, "the daemon to export the baseline ratio", every=0.1)
     assert r.labels == {"job_name": "llm"} and r.value == pytest.approx(1.0, rel=0.15)
     (info,) = node.metrics()["gpumon_training_baseline_info"]
     assert info.labels["baseline"] == b.name and info.labels["gpus"] == "1"
@@ -201,8 +197,18 @@ def test_mistakes_get_one_line_errors_and_lose_nothing(node: Node, tmp_path: Pat
     out = gpumon(node, "delete", "x")
     assert out.returncode == 2 and lib.read_text() == "not toml ["
     # and the daemon keeps serving, flagging the file
-    ok = wait_for(lambda: node.metrics().get("gpumon_training_baseline_library_ok"))
-    assert wait_for(lambda: node.metrics()["gpumon_training_baseline_library_ok"][0].value == 0)
+    ok = poll(
+        lambda: node.metrics().get("gpumon_training_baseline_library_ok"),
+        15,
+        "the baseline library status metric",
+        every=0.1,
+    )
+    assert poll(
+        lambda: node.metrics()["gpumon_training_baseline_library_ok"][0].value == 0,
+        15,
+        "the daemon to flag the broken library",
+        every=0.1,
+    )
     assert ok
 
 

@@ -26,7 +26,8 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from support.helpers import ROOT, gpumon_cmd, run_gpumon, start_daemon
-from test_baseline_cli import Node, wait_for
+from support.poll import poll
+from test_baseline_cli import Node
 
 from gpumon.baselines import library as B
 from gpumon.baselines.watch import LibraryWatch
@@ -548,7 +549,12 @@ def test_record_into_a_corrupted_library_measures_then_refuses_and_keeps_the_fil
     node = Node(samplers(sims("1xH100-SXM"), interval=0.1), str(lib))
     node.rank.start()
     try:
-        wait_for(lambda: httpx.get(node.url + "/v1/history/llm").status_code == 200)
+        poll(
+            lambda: httpx.get(node.url + "/v1/history/llm").status_code == 200,
+            15,
+            "the daemon's history of job llm",
+            every=0.1,
+        )
         time.sleep(2.5)  # a dozen history samples: enough steady intervals to get as far as the write
         out = run_gpumon(
             "baseline",
@@ -593,15 +599,6 @@ def _library_state(url: str) -> tuple[bool, str | None, list[str], float, float]
     )
 
 
-def _wait(predicate: Callable[[], object], what: str, timeout: float = 20.0) -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if predicate():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 @pytest.mark.slow
 def test_the_daemon_survives_a_corrupted_library_keeps_the_last_good_one_says_so_and_recovers(
     tmp_path: Path,
@@ -613,16 +610,31 @@ def test_the_daemon_survives_a_corrupted_library_keeps_the_last_good_one_says_so
         ok, error, got, ok_metric, entries = _library_state(d.url)
         assert (ok, got, ok_metric, entries) == (False, [], 0, 0) and "not valid TOML" in (error or "")
         B.save(str(lib), library(("a", 1), ("b", 2)))
-        _wait(lambda: _library_state(d.url)[:3] == (True, None, ["a", "b"]), "the fixed library")
+        poll(
+            lambda: _library_state(d.url)[:3] == (True, None, ["a", "b"]),
+            20,
+            "the daemon to load the fixed library",
+            every=0.2,
+        )
         for case in ("wrong shape", "fifo", "directory"):
             corrupt(lib, case)
-            _wait(lambda: CORRUPTIONS[case][1] in (_library_state(d.url)[1] or ""), f"the {case} file")  # noqa: B023
+            poll(
+                lambda: CORRUPTIONS[case][1] in (_library_state(d.url)[1] or ""),  # noqa: B023
+                20,
+                f"the daemon to report the {case} file",
+                every=0.2,
+            )
             ok, error, got, ok_metric, entries = _library_state(d.url)
             assert (ok, got, ok_metric, entries) == (False, ["a", "b"], 0, 2), case
             assert d.proc.poll() is None and d.get("/readyz").status_code == 200
         lib.rmdir()
         B.save(str(lib), library(("c", 3)))
-        _wait(lambda: _library_state(d.url)[:3] == (True, None, ["c"]), "the library written again")
+        poll(
+            lambda: _library_state(d.url)[:3] == (True, None, ["c"]),
+            20,
+            "the daemon to load the library written again",
+            every=0.2,
+        )
         assert _library_state(d.url)[3:] == (1, 1)
     finally:
         assert d.stop() == 0

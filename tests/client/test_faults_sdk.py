@@ -38,6 +38,7 @@ from urllib.parse import urlsplit
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from support.helpers import ROOT, Daemon, free_port, start_daemon
+from support.poll import poll
 
 from gpumon.client import Reporter
 from gpumon.client.lifecycle import AT_EXIT_TIMEOUT
@@ -140,13 +141,6 @@ def fd_count() -> int:
     return len(os.listdir("/proc/self/fd"))
 
 
-def wait_until(condition: Callable[[], object], timeout: float = 20.0, what: str = "condition") -> None:
-    end = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < end, f"timed out waiting for {what}"
-        time.sleep(0.02)
-
-
 def sender_seq(r: Reporter) -> int:
     """Reports attempted so far, less one: every attempt, failed or not, takes the next seq."""
     assert r._shipper is not None
@@ -170,15 +164,16 @@ def wait_for_totals(d: Daemon, job: str, totals: dict[str, int], timeout: float 
     """The rank as the daemon shows it once its totals equal ``totals`` exactly."""
     seen: list[Any] = [None]
 
-    def arrived() -> bool:
+    def arrived() -> dict[str, Any] | None:
         seen[0] = rank_view(d, job)
-        return seen[0] is not None and seen[0]["totals"] == totals
+        return seen[0] if seen[0] is not None and seen[0]["totals"] == totals else None
 
-    try:
-        wait_until(arrived, timeout, f"totals {totals}")
-    except AssertionError:
-        raise AssertionError(f"the daemon shows {seen[0] and seen[0]['totals']}, expected {totals}") from None
-    return seen[0]  # type: ignore[no-any-return]
+    return poll(
+        arrived,
+        timeout,
+        f"the daemon to show totals {totals}",
+        detail=lambda: f"the daemon shows {seen[0] and seen[0]['totals']}, expected {totals}",
+    )
 
 
 def exported(d: Daemon, job: str) -> dict[str, float]:
@@ -387,7 +382,7 @@ def test_a_daemon_absent_for_the_whole_run_costs_the_loop_nothing_and_the_sender
     r.close(timeout=1.0)
     assert time.monotonic() - closing < 1.0 + 0.5
     # nothing left behind: the sender thread has ended and its socket is closed
-    wait_until(lambda: len(sdk_threads()) == threads_before, 5, "the sender thread to end")
+    poll(lambda: len(sdk_threads()) == threads_before, 5, "the sender thread to end")
     assert fd_count() <= fds_before
 
 
@@ -407,7 +402,7 @@ def test_a_daemon_sigkilled_mid_run_and_restarted_at_the_same_address_ends_with_
     kill(first)
     loop.run(7_000)  # the daemon is gone: reports fail, counting goes on
     assert r._shipper is not None
-    wait_until(lambda: r._shipper is not None and r._shipper.sender._outage, 5, "a failed send")
+    poll(lambda: r._shipper is not None and r._shipper.sender._outage, 5, "a failed send")
     time.sleep(0.3)
     second = start_on(daemon, port, *extra)
     loop.run(3_000)
@@ -433,7 +428,7 @@ def test_a_unix_socket_that_appears_only_when_the_daemon_starts_gets_the_exact_t
     r = reporters(url=f"unix://{sock}", job="faults-socket-later")
     loop = Loop(r)
     loop.run(4_000)
-    wait_until(lambda: sender_seq(r) >= 2, 5, "two failed sends")
+    poll(lambda: sender_seq(r) >= 2, 5, "two failed sends")
     assert not os.path.exists(sock)
     d = daemon(*SIM, "--ingest-socket", sock)
     loop.run(1_000)
@@ -502,7 +497,11 @@ def test_a_close_that_gives_up_on_a_slow_report_leaves_no_connection_once_that_r
     f.mode = "slow"
     shipper = r._shipper
     assert shipper is not None
-    wait_until(lambda: shipper._lock.locked() and any(x["mode"] == "slow" for x in f.records), 5, "in flight")
+    poll(
+        lambda: shipper._lock.locked() and any(x["mode"] == "slow" for x in f.records),
+        5,
+        "a slow report in flight",
+    )
     conn = shipper.sender.transport._conn
     assert conn is not None and conn.sock is not None
     held = socket_id(conn.sock.fileno())
@@ -552,7 +551,7 @@ def test_5xx_and_answers_slower_than_the_timeout_then_recovery_end_with_the_exac
     assert seqs == sorted(set(seqs)), "one report in flight at a time, each with a new seq"
     assert loop.worst("5xx, then slower than the timeout") < BLOCK_BOUND
     r.close()
-    wait_until(lambda: len(sdk_threads()) == threads_before, 5, "the sender thread to end")
+    poll(lambda: len(sdk_threads()) == threads_before, 5, "the sender thread to end")
 
 
 # ---- fork after import -------------------------------------------------------------------------------------
@@ -615,7 +614,7 @@ def test_a_fork_while_the_sender_holds_its_lock_mid_request_neither_deadlocks_no
     loop.run(300)
     wait_for_totals(d, job, expected(300))
     f.mode = "hold"
-    wait_until(lambda: f.held >= 1, 5, "a report held by the front")
+    poll(lambda: f.held >= 1, 5, "a report held by the front")
     assert r._shipper is not None and r._shipper._lock.locked(), "the sender should be mid-request"
     with r.data_wait():  # DataLoader workers start inside iter(loader), so inside the data_wait phase
         code = in_fork(lambda: child_uses_the_reporter(r, d.url))

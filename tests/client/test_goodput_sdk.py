@@ -18,7 +18,8 @@ from typing import Any
 
 import pytest
 from support.helpers import ROOT, require_module
-from test_reporter import Server, sdk_logs, wait_until
+from support.poll import poll
+from test_reporter import Server, sdk_logs
 
 from gpumon.client import Reporter
 from gpumon.client import protocol as P
@@ -299,7 +300,7 @@ def test_an_older_daemon_gets_reports_without_the_new_fields(
     with caplog.at_level(logging.INFO, logger="gpumon.client"):
         r = reporters(url=srv.url, resumed_step=10, interval=0.02)
         r.step(tokens=5)
-        wait_until(lambda: len(srv.accepted()) >= 3)
+        poll(lambda: len(srv.accepted()) >= 3, 5, "three accepted reports", every=0.01)
     assert all(not set(b) & set(P.EXTENSIONS) for b in srv.accepted())
     assert srv.accepted()[-1]["totals"]["tokens"] == 5
     assert len([b for b in srv.bodies if "resumed_step" in b]) == 1  # refused once, then left out
@@ -320,7 +321,7 @@ def test_the_new_fields_are_tried_again_after_a_while_in_case_the_daemon_was_upg
     srv.judge = daemon
     monkeypatch.setattr(transport_module, "CORE_RETRY", 0.3)
     r = reporters(url=srv.url, resumed_step=10, interval=0.02)
-    wait_until(lambda: len(srv.accepted()) >= 2)
+    poll(lambda: len(srv.accepted()) >= 2, 5, "two accepted reports", every=0.01)
     upgraded.set()
     srv.wait_for(lambda b: "resumed_step" in b and srv.accepted()[-1] is b)
     assert r.flush() and srv.bodies[-1]["resumed_step"] == 10

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 from support.helpers import free_port
+from support.poll import poll
 from test_transport import RecordingServer
 
 from gpumon.client import NULL_PHASE, Reporter
@@ -44,13 +45,6 @@ def sdk_logs(caplog: pytest.LogCaptureFixture, about: str = "", level: int = log
         for r in caplog.records
         if r.name == "gpumon.client" and r.levelno == level and about in r.getMessage()
     ]
-
-
-def wait_until(condition: Callable[[], object], timeout: float = 5.0) -> None:
-    end = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < end, "timed out"
-        time.sleep(0.01)
 
 
 class FakeClock:
@@ -120,7 +114,7 @@ def test_first_report_goes_out_before_any_step(server: Server, reporters: Callab
     first = srv.wait_for(lambda b: True)
     assert first["seq"] == 0 and first["totals"] == dict.fromkeys(TOTALS, 0)
     assert first["updated"] is None and first["anchor"] is None
-    time.sleep(0.3)
+    poll(lambda: len(srv.bodies) > 1, 5, "a second report of unchanged data", every=0.01)
     seqs = [b["seq"] for b in srv.bodies]
     assert len(seqs) > 1 and seqs == list(range(len(seqs))), "unchanged data is still sent: the heartbeat"
     r.step()
@@ -163,7 +157,12 @@ def test_totals_exact_after_the_daemon_was_down_all_along(
         srv = server(port=port)
         body = srv.wait_for(lambda b: b["totals"]["steps"] == 1000)
         # the server recorded the report before the SDK read the answer: the info line may lag a little
-        wait_until(lambda: sdk_logs(caplog, srv.url + " accepts reports again", logging.INFO))
+        poll(
+            lambda: sdk_logs(caplog, srv.url + " accepts reports again", logging.INFO),
+            5,
+            "the SDK to log that the daemon accepts reports again",
+            every=0.01,
+        )
     tokens = sum(range(1000)) + 2 * 1000  # steps' and requests'
     assert body["totals"] == {"steps": 1000, "tokens": tokens, "samples": 1000, "requests": 1000}
     assert body["phases"] == {"data_wait": 1.5}
@@ -432,11 +431,13 @@ def test_an_unreferenced_reporter_is_collected_and_its_thread_ends(server: Serve
     thread, ref = r._shipper.thread if r._shipper else None, weakref.ref(r)
     srv.wait_for(lambda b: True)
     del r
-    end = time.monotonic() + 2
-    while ref() is not None and time.monotonic() < end:  # the thread holds it for a moment while sending
+
+    def collected() -> bool:
         gc.collect()
-        time.sleep(0.01)
-    assert ref() is None
+        return ref() is None
+
+    # the thread holds it for a moment while sending
+    poll(collected, 2, "the unreferenced reporter to be garbage-collected", every=0.01)
     assert thread is not None
     thread.join(2)
     assert not thread.is_alive()

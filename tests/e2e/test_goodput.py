@@ -18,6 +18,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from support.goodput_loop import REPORT_INTERVAL
 from support.helpers import ROOT
+from support.poll import poll
 
 pytestmark = pytest.mark.slow  # about 30 s of injected time
 
@@ -43,14 +44,12 @@ def _start(url: str, log: Path, *args: str) -> tuple[subprocess.Popen[str], floa
 
 
 def _wait_for(log: Path, kind: str, step: int | None = None, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if log.exists() and any(
+    def seen() -> bool:
+        return log.exists() and any(
             e["event"] == kind and (step is None or e.get("step") == step) for e in _events(log)
-        ):
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"no {kind} event in {log}")
+        )
+
+    poll(seen, timeout, f"a {kind} event in {log}")
 
 
 def _truth(first: list[dict[str, Any]], second: list[dict[str, Any]], popen: float) -> dict[str, float]:

@@ -3,23 +3,13 @@ that survives re-initialisation and lost GPUs, and an XID visible in the next sw
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
-
 import pynvml
 import pytest
+from support.poll import poll
 
 from gpumon.gpu.collector import build_families
 from gpumon.gpu.events import EventsView, EventWatcher
 from gpumon.gpu.sim.faults import Fault, FaultSpecError
-
-
-def wait_for(cond: Callable[[], bool], timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        time.sleep(0.01)
 
 
 @pytest.fixture
@@ -35,7 +25,7 @@ def watched(sims, samplers):
         sampler.events = watcher
         watcher.start()
         made.append(watcher)
-        wait_for(lambda: watcher.view().running)
+        poll(lambda: watcher.view().running, 5, "the event watcher to run", every=0.01)
         return sim, sampler, watcher
 
     yield make
@@ -55,7 +45,7 @@ def test_xid_is_counted_per_gpu_and_code_with_its_time(watched) -> None:
     assert sim.inject_xid(1, 79) == 1
     sim.inject_xid(1, 79)
     sim.inject_xid(1, 13)
-    wait_for(lambda: sum(watcher.view().xids.values()) == 3)
+    poll(lambda: sum(watcher.view().xids.values()) == 3, 5, "three XIDs to be counted", every=0.01)
     view = watcher.view()
     assert view.xids == {(uuid1, 79): 2, (uuid1, 13): 1}
     assert view.xid_last[(uuid1, 79)] == 1234.5
@@ -81,7 +71,7 @@ def test_an_injected_xid_shows_in_the_next_sweep(watched) -> None:
     before = sampler.sweep()
     assert samples(before, "gpumon_gpu_xid_errors_total") == {}
     sim.inject_xid(0, 48)
-    wait_for(lambda: watcher.view().xids.get((uuid0, 48)) == 1)
+    poll(lambda: watcher.view().xids.get((uuid0, 48)) == 1, 5, "XID 48 to be counted", every=0.01)
     after = sampler.sweep()
     assert samples(after, "gpumon_gpu_xid_errors_total") == {
         (("gpu", "0"), ("uuid", uuid0), ("xid", "48")): 1.0
@@ -97,7 +87,12 @@ def test_other_event_types_are_counted_under_their_own_label(watched) -> None:
     sim, _, watcher = watched()
     uuid0 = sim.gpus[0].uuid
     sim.inject_event(0, pynvml.nvmlEventTypeDoubleBitEccError)
-    wait_for(lambda: watcher.view().counts.get((uuid0, "ecc_double_bit")) == 1)
+    poll(
+        lambda: watcher.view().counts.get((uuid0, "ecc_double_bit")) == 1,
+        5,
+        "the double-bit ECC event to be counted",
+        every=0.01,
+    )
     assert watcher.view().xids == {}
 
 
@@ -105,7 +100,7 @@ def test_mig_instance_ids_are_kept_and_invalid_ids_dropped(watched) -> None:
     sim, _, watcher = watched()
     sim.inject_event(0, pynvml.nvmlEventTypeXidCriticalError, 31, gi=2, ci=0)
     sim.inject_xid(0, 43)
-    wait_for(lambda: len(watcher.view().recent) == 2)
+    poll(lambda: len(watcher.view().recent) == 2, 5, "two recent events", every=0.01)
     first, second = watcher.view().recent
     assert (first.gpu_instance_id, first.compute_instance_id) == (2, 0)
     assert (second.gpu_instance_id, second.compute_instance_id) == (None, None)
@@ -125,12 +120,14 @@ def test_the_watcher_survives_nvml_reinitialisation(watched) -> None:
     sim, sampler, watcher = watched()
     uuid0 = sim.gpus[0].uuid
     fault = sim.faults.add("uninitialized:*:nvmlEventSetWait_v2")
-    wait_for(lambda: not watcher.view().running)
+    poll(lambda: not watcher.view().running, 5, "the event watcher to stop", every=0.01)
     assert "Uninitialized" in watcher.view().reason
     sim.faults.remove(fault)
-    wait_for(lambda: watcher.view().running, timeout=5.0)  # first backoff is 1 s
+    poll(
+        lambda: watcher.view().running, 5.0, "the event watcher to run again", every=0.01
+    )  # first backoff is 1 s
     sim.inject_xid(0, 94)
-    wait_for(lambda: watcher.view().xids.get((uuid0, 94)) == 1)
+    poll(lambda: watcher.view().xids.get((uuid0, 94)) == 1, 5, "XID 94 to be counted", every=0.01)
     assert watcher.view().failures >= 1
     assert watcher.view().errors[("nvmlEventSetWait_v2", "Uninitialized")] >= 1
     errors = samples(sampler.sweep(), "gpumon_errors_total")
@@ -145,16 +142,21 @@ def test_a_gpu_found_late_is_registered_too(watched) -> None:
     found, failed = sampler.backend.discover({sim.gpus[0].uuid})
     assert [d.info.uuid for d in found] == [uuid1] and failed == 0
     sampler._add(found)  # what rediscovery does
-    wait_for(lambda: uuid1 in watcher.view().registered)
+    poll(lambda: uuid1 in watcher.view().registered, 5, "GPU 1 to be registered", every=0.01)
     sim.inject_xid(1, 79)
-    wait_for(lambda: watcher.view().xids.get((uuid1, 79)) == 1)
+    poll(lambda: watcher.view().xids.get((uuid1, 79)) == 1, 5, "XID 79 on GPU 1 to be counted", every=0.01)
 
 
 def test_an_event_from_a_lost_gpu_is_still_counted(watched) -> None:
     sim, _, watcher = watched()
     sim.faults.add("lost:0:nvmlDeviceGetUUID")
     sim.inject_xid(0, 79)
-    wait_for(lambda: watcher.view().xids.get(("", 79)) == 1)
+    poll(
+        lambda: watcher.view().xids.get(("", 79)) == 1,
+        5,
+        "XID 79 from the lost GPU to be counted",
+        every=0.01,
+    )
 
 
 def test_scheduled_xid_fault_fires_once(sims) -> None:

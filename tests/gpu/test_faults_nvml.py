@@ -19,6 +19,7 @@ import pynvml
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from support.helpers import ManualClock, require_tool
+from support.poll import poll
 
 from gpumon.gpu.events import EventWatcher
 from gpumon.gpu.nvml import NvmlBackend
@@ -30,14 +31,6 @@ from gpumon.web.exposition import Renderer
 from gpumon.web.server import build_registry
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
-
-
-def wait_for(condition: Callable[[], Any], what: str, timeout: float = 15.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while not (result := condition()):
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
-    return result
 
 
 def gpumon_threads() -> list[str]:
@@ -140,7 +133,7 @@ def test_a_driver_absent_at_start_is_waited_for_and_then_sampled(
     node.sampler.open(wait=True)
     node.sampler.start()
 
-    wait_for(lambda: node.sampler.snapshot is not None, "a first snapshot")
+    poll(lambda: node.sampler.snapshot is not None, 15, "a first snapshot")
     assert node.sampler.alive(), "/healthz must stay 200 while the driver is missing"
     assert node.up() == []
     assert node.value("gpumon_collector_success", collector="gpu") == 0
@@ -151,18 +144,18 @@ def test_a_driver_absent_at_start_is_waited_for_and_then_sampled(
     assert any("serving without GPUs and trying again with backoff" in m for m in caplog.messages)
     assert "gpumon-events" not in gpumon_threads(), "events wait for NVML, not fail against it"
 
-    wait_for(lambda: (node.value("gpumon_errors_total", op="nvmlInit", error=kind) or 0) >= 2, "a retry")
+    poll(lambda: (node.value("gpumon_errors_total", op="nvmlInit", error=kind) or 0) >= 2, 15, "a retry")
     if fault == "driver_not_loaded":
         node.sim.driver_loaded = True
     else:
         node.sim.faults.remove(injected)
 
     # the backoff is 1, 2, 4 s: the driver is found within the next few seconds
-    wait_for(lambda: node.up() == [True, True], "the GPUs once the driver is there")
+    poll(lambda: node.up() == [True, True], 15, "the GPUs once the driver is there")
     assert node.value("gpumon_collector_success", collector="gpu") == 1
     assert node.value("gpumon_driver_info", driver_version=node.sim.driver_version) == 1
     assert node.value("gpumon_gpu_power_watts", gpu="1") is not None
-    wait_for(lambda: node.value("gpumon_collector_success", collector="events") == 1, "the event watcher")
+    poll(lambda: node.value("gpumon_collector_success", collector="events") == 1, 15, "the event watcher")
     assert any("started after" in m for m in caplog.messages)
     assert gpumon_threads() == ["gpumon-events", "gpumon-gpu-0", "gpumon-gpu-1", "gpumon-sampler"]
     node.sampler.stop()
@@ -208,16 +201,16 @@ def test_a_gpu_lost_or_hung_mid_run_comes_back_and_leaves_nothing_behind(
     node = nodes("3xH100-SXM")
     node.sampler.open()
     node.sampler.start()
-    wait_for(lambda: node.up() == [True] * 3, "three GPUs up")
+    poll(lambda: node.up() == [True] * 3, 15, "three GPUs up")
     kind = "deadline_exceeded" if fault.startswith("hang") else reason
     after: list[tuple[list[str], int]] = []
     for cycle in (1, 2):  # a leak grows with every cycle; the first may open what stays open for good
         threads = gpumon_threads()
         injected = node.sim.faults.add(fault)
-        wait_for(lambda: node.up() == [True, False, True], "GPU 1 down")
+        poll(lambda: node.up() == [True, False, True], 15, "GPU 1 down")
         for _ in range(3):  # many sweeps while it is down: the others stay fresh, nothing piles up
             t = time.time()
-            wait_for(node.fresh_after(t), "fresh values from GPUs 0 and 2")
+            poll(node.fresh_after(t), 15, "fresh values from GPUs 0 and 2")
         snap = node.sampler.snapshot
         assert reason in (snap.gpus[1].down_reason or "")
         assert node.value("gpumon_gpu_up", gpu="1") == 0
@@ -232,7 +225,7 @@ def test_a_gpu_lost_or_hung_mid_run_comes_back_and_leaves_nothing_behind(
         assert gpumon_threads() == threads, "no thread may pile up behind a lost or hung GPU"
 
         node.sim.faults.remove(injected)  # releases a hung call, as a driver that answers at last would
-        wait_for(lambda: node.up() == [True] * 3, "GPU 1 back", timeout=40)  # backoff: 1, 2, 4... s
+        poll(lambda: node.up() == [True] * 3, 40, "GPU 1 back")  # backoff: 1, 2, 4... s
         assert node.value("gpumon_gpu_power_watts", gpu="1") is not None
         after.append((gpumon_threads(), open_fds()))
     assert after[1][0] == after[0][0] == threads
@@ -244,13 +237,13 @@ def test_every_gpu_lost_at_once_and_back_reinitialises_nvml(nodes) -> None:
     node = nodes("2xH100-SXM")
     node.sampler.open()
     node.sampler.start()
-    wait_for(lambda: node.up() == [True, True], "two GPUs up")
+    poll(lambda: node.up() == [True, True], 15, "two GPUs up")
     threads = gpumon_threads()
     injected = node.sim.faults.add("uninitialized:*")
-    wait_for(lambda: node.up() == [False, False], "both GPUs down")
+    poll(lambda: node.up() == [False, False], 15, "both GPUs down")
     assert node.sampler.alive() and node.value("gpumon_collector_success", collector="host") == 1
     node.sim.faults.remove(injected)
-    wait_for(lambda: node.up() == [True, True], "both GPUs back", timeout=20)
+    poll(lambda: node.up() == [True, True], 20, "both GPUs back")
     assert gpumon_threads() == threads
 
 
@@ -356,25 +349,25 @@ def test_the_event_api_failing_is_visible_and_retried_while_sampling_goes_on(nod
     if at_start:
         injected = node.sim.faults.add(f"error:*:{op}=Unknown")
     node.sampler.start()
-    wait_for(lambda: node.up() == [True, True], "two GPUs")
+    poll(lambda: node.up() == [True, True], 15, "two GPUs")
     if not at_start:
-        wait_for(lambda: node.value("gpumon_collector_success", collector="events") == 1, "events running")
+        poll(lambda: node.value("gpumon_collector_success", collector="events") == 1, 15, "events running")
         injected = node.sim.faults.add(f"error:*:{op}=Unknown")
     threads, fds = gpumon_threads(), open_fds()
-    wait_for(lambda: node.value("gpumon_collector_success", collector="events") == 0, "events failing")
+    poll(lambda: node.value("gpumon_collector_success", collector="events") == 0, 15, "events failing")
     t = time.time()
-    wait_for(node.fresh_after(t), "GPU values while events fail")
+    poll(node.fresh_after(t), 15, "GPU values while events fail")
     assert node.up() == [True, True]
     errors = [v for (n, lab), v in node.samples().items() if n == "gpumon_errors_total" and ("op", op) in lab]
     assert errors and errors[0] >= 1
 
     node.sim.faults.remove(injected)
-    wait_for(
-        lambda: node.value("gpumon_collector_success", collector="events") == 1, "events again", timeout=20
-    )
+    poll(lambda: node.value("gpumon_collector_success", collector="events") == 1, 20, "events again")
     node.sim.inject_xid(0, 79)
-    wait_for(
-        lambda: node.value("gpumon_gpu_xid_errors_total", gpu="0", xid="79") == 1, "the XID after recovery"
+    poll(
+        lambda: node.value("gpumon_gpu_xid_errors_total", gpu="0", xid="79") == 1,
+        15,
+        "the XID after recovery",
     )
     assert gpumon_threads() == threads
     assert open_fds() <= fds, "a freed event set must not leave its descriptor behind"
@@ -390,7 +383,7 @@ def test_the_exposition_stays_valid_with_every_kind_of_fault_active(nodes, tmp_p
     node = nodes("4xH100-SXM")
     node.sampler.open()
     node.sampler.start()
-    wait_for(lambda: node.up() == [True] * 4, "four GPUs")
+    poll(lambda: node.up() == [True] * 4, 15, "four GPUs")
     for fault in (
         "lost:0",
         "hang:1:nvmlDeviceGetTemperature",
@@ -399,8 +392,8 @@ def test_the_exposition_stays_valid_with_every_kind_of_fault_active(nodes, tmp_p
         "error:*:nvmlEventSetWait_v2=Unknown",
     ):
         node.sim.faults.add(fault)
-    wait_for(lambda: node.up() == [False, False, True, True], "GPUs 0 and 1 down")
-    wait_for(lambda: node.value("gpumon_collector_success", collector="events") == 0, "events failing")
+    poll(lambda: node.up() == [False, False, True, True], 15, "GPUs 0 and 1 down")
+    poll(lambda: node.value("gpumon_collector_success", collector="events") == 0, 15, "events failing")
     text = node.scrape()
     out = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
@@ -426,7 +419,7 @@ def test_the_daemon_serves_while_it_waits_for_the_driver_and_finds_the_gpus_when
     init = (("error", "DriverNotLoaded"), ("gpu", ""), ("op", "nvmlInit"), ("uuid", ""))
     assert waiting[("gpumon_errors_total", init)] >= 1
     assert not [k for k in waiting if k[0] == "gpumon_gpu_up"]
-    wait_for(lambda: len([k for k in scrape() if k[0] == "gpumon_gpu_up"]) == 2, "two GPUs", timeout=30)
+    poll(lambda: len([k for k in scrape() if k[0] == "gpumon_gpu_up"]) == 2, 30, "two GPUs")
     assert scrape()[("gpumon_collector_success", (("collector", "gpu"),))] == 1
     assert any("serving without GPUs" in line for line in d.log)
     assert any("started after" in line for line in d.log)

@@ -7,12 +7,12 @@ rejections land in ``window.__gpumonProblems``, which ``problems`` reads with th
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 from support.helpers import require_module, require_tool
+from support.poll import poll
 
 INSTALL = "apt-get install chromium chromium-driver; pip install selenium"
 RECORDER = """
@@ -65,18 +65,9 @@ def problems(driver: Any, allow_network: bool = False) -> list[str]:
 
 
 def wait_for(what: str, check: Callable[[], Any], timeout: float = 20.0) -> Any:
-    """Poll ``check`` until it returns something truthy; fail naming ``what`` (and the last error)."""
-    end = time.monotonic() + timeout
-    last: object = None
-    while time.monotonic() < end:
-        try:
-            value = check()
-            if value:
-                return value
-        except Exception as exc:  # a row redrawn under our feet (stale element): look again
-            last = exc
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}" + (f" (last error: {last!r})" if last else ""))
+    """``check``'s first truthy value (support.poll.poll); an exception of check's counts as "not yet": a row
+    redrawn under our feet (stale element) is looked at again."""
+    return poll(check, timeout, what, every=0.1, retry=(Exception,))
 
 
 def texts(driver: Any, css: str) -> list[str]:

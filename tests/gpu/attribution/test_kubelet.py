@@ -14,6 +14,7 @@ from concurrent import futures
 
 import grpc
 import pytest
+from support.poll import poll
 
 from gpumon.gpu.attribution import protowire
 from gpumon.gpu.attribution.kubelet import (
@@ -148,13 +149,6 @@ def pods() -> Iterator[Callable[..., PodResources]]:
         pr.stop()
 
 
-def wait_for(cond: Callable[[], bool], deadline: float = 5.0) -> None:
-    end = time.monotonic() + deadline
-    while not cond():
-        assert time.monotonic() < end, "condition not met before the deadline"
-        time.sleep(0.01)
-
-
 def test_gpu_and_mig_ids_map_to_their_containers(kubelet: FakeKubelet, pods) -> None:
     kubelet.serve(
         Allocation("ml", "trainer-0", "main", "nvidia.com/gpu", ("GPU-1", "GPU-2")),
@@ -267,9 +261,13 @@ def test_the_thread_refreshes_on_its_timer_and_survives_a_bug(
 
     monkeypatch.setattr(pr, "refresh_now", flaky)
     pr.start()
-    wait_for(lambda: pr.owners().get("GPU-1") == PodOwner("ns", "p1", "c"))
+    poll(
+        lambda: pr.owners().get("GPU-1") == PodOwner("ns", "p1", "c"), 5, "GPU-1 owned by pod p1", every=0.01
+    )
     kubelet.serve(Allocation("ns", "p2", "c", "nvidia.com/gpu", ("GPU-1",)))
-    wait_for(lambda: pr.owners().get("GPU-1") == PodOwner("ns", "p2", "c"))
+    poll(
+        lambda: pr.owners().get("GPU-1") == PodOwner("ns", "p2", "c"), 5, "GPU-1 owned by pod p2", every=0.01
+    )
     assert crashes and kubelet.calls >= 2
     pr.stop()
     calls = kubelet.calls

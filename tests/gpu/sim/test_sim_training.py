@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
+from collections.abc import Callable
 
 import pynvml
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from support.helpers import ROOT, run_gpumon
+from support.poll import poll
 
 from gpumon.gpu.sim import SimNvml
 from gpumon.gpu.sim.catalog import MODELS
@@ -294,15 +295,19 @@ def _samples(text: str, name: str) -> dict[tuple[str, str], dict[str, str] | flo
     return out
 
 
-def _wait_for(d, condition, timeout: float = 60.0) -> str:
-    """/metrics once ``condition(metrics)`` holds; fails with the daemon's log after ``timeout``."""
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
+def _metrics_when(d, condition: Callable[[str], bool]) -> Callable[[], str | None]:
+    """A condition for poll: the daemon's /metrics text once ``condition(metrics)`` holds."""
+
+    def cond() -> str | None:
         metrics = d.get("/metrics").text
-        if condition(metrics):
-            return metrics
-        time.sleep(0.25)
-    raise AssertionError("condition not met; daemon log:\n" + "\n".join(d.log))
+        return metrics if condition(metrics) else None
+
+    return cond
+
+
+def _log(d) -> Callable[[], str]:
+    """poll's ``detail``: the daemon's log, for when what it waits for never comes."""
+    return lambda: "daemon log:\n" + "\n".join(d.log)
 
 
 def _tps(metrics: str) -> dict:
@@ -318,7 +323,13 @@ def test_serve_runs_the_jobs_through_its_own_ingest_and_a_slowdown_drops_tokens(
         "--sim-fault", "slowdown:1=3@10", "--collect", "rank-rates",  # per-rank tokens/s and MFU
     )  # fmt: skip
     ranks = {("llama-70b", str(r)) for r in range(4, 8)} | {("bert-ft", str(r)) for r in range(4)}
-    metrics = _wait_for(d, lambda m: all(_tps(m).get(k, 0) > 0 for k in ranks))
+    metrics = poll(
+        _metrics_when(d, lambda m: all(_tps(m).get(k, 0) > 0 for k in ranks)),
+        60,
+        "tokens/s from every rank of both jobs",
+        every=0.25,
+        detail=_log(d),
+    )
     before = _tps(metrics)
     mfu = _samples(metrics, "gpumon_training_mfu_ratio")
     assert all(0.3 < mfu[k] < 0.5 for k in ranks), mfu  # type: ignore[operator]
@@ -331,8 +342,18 @@ def test_serve_runs_the_jobs_through_its_own_ingest_and_a_slowdown_drops_tokens(
             assert labels["uuid"] == gpus[str(gpu0 + i)]  # type: ignore[index]
 
     # GPU 1 runs three times slower from t=10 s: every llama rank on this node waits for it; bert does not
-    slowed = _wait_for(d, lambda m: all(_tps(m)[("llama-70b", str(r))] < 0.6 * before[("llama-70b", str(r))]
-                                        for r in range(4, 8)))  # fmt: skip
+    slowed = poll(
+        _metrics_when(
+            d,
+            lambda m: all(
+                _tps(m)[("llama-70b", str(r))] < 0.6 * before[("llama-70b", str(r))] for r in range(4, 8)
+            ),
+        ),
+        60,
+        "every llama-70b rank to slow down",
+        every=0.25,
+        detail=_log(d),
+    )
     after = _tps(slowed)
     for r in range(4):
         assert after[("bert-ft", str(r))] == pytest.approx(before[("bert-ft", str(r))], rel=0.25)
@@ -353,5 +374,11 @@ def test_ranks_report_over_the_ingest_socket_when_there_is_one(daemon, tmp_path)
         "--simulate", "2xH100-SXM", "--rate-window", "3s", "--ingest-socket", str(sock), "--sim-job", "s:0-1"
     )
     tokens = lambda m: _samples(m, "gpumon_training_tokens_total")  # noqa: E731
-    _wait_for(d, lambda m: all(tokens(m).get(("s", r), 0) > 0 for r in "01"))
+    poll(
+        _metrics_when(d, lambda m: all(tokens(m).get(("s", r), 0) > 0 for r in "01")),
+        60,
+        "tokens from both ranks over the ingest socket",
+        every=0.25,
+        detail=_log(d),
+    )
     assert any(f"reporting to unix://{sock}" in line for line in d.log)
