@@ -7,6 +7,7 @@ import atexit
 import logging
 import os
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import pynvml
@@ -23,6 +24,7 @@ from gpumon.gpu.sampler import Sampler
 from gpumon.gpu.sim import SimNvml
 from gpumon.gpu.types import BackendUnavailable
 from gpumon.metrics.registry import DETAILS
+from gpumon.net.rdma import read_ports
 
 log = logging.getLogger("gpumon")
 
@@ -122,6 +124,18 @@ def add_common_options(
         "--kubelet-socket", metavar="PATH", help="kubelet pod-resources socket ('' to turn pod lookups off)"
     )
     t.add_argument("--proc-root", metavar="PATH", help="the host's /proc (default /proc)")
+    t.add_argument(
+        "--nics",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="the RDMA NICs' traffic, state and errors from /sys/class/infiniband (on)",
+    )
+    t.add_argument(
+        "--sys-root",
+        metavar="PATH",
+        help="the host's /sys (default /sys; with simulated or replayed GPUs, NICs are read only from a tree "
+        "named here)",
+    )
     if not exposition:
         return
     x = p.add_argument_group("the exposition (/metrics)")
@@ -259,6 +273,11 @@ def open_sampler(settings: Settings, command: str, *, wait: bool = False, wrap: 
             sampler.events = EventWatcher(backend.nv, sampler.devices)
         if settings.processes:
             sampler.attributor = attributor(backend, settings)
+        # simulated or replayed GPUs beside this host's real NICs would make one node out of two
+        real = backend.name == "nvml" or settings.sys_root is not None
+        if settings.nics and real:
+            root = settings.sys_root or "/sys"
+            sampler.nics = partial(read_ports, root, detail="nic-detail" in backend.details)
         sampler.open(wait=wait)
         return sampler
 

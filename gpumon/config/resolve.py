@@ -107,7 +107,7 @@ def validate(raw: Mapping[str, Any]) -> Settings:
         s.log_level = text_setting(raw, "log_level").lower()
         if s.log_level not in LOG_LEVELS:
             raise ConfigError(f"log-level: expected one of {', '.join(LOG_LEVELS)}, got {raw['log_level']!r}")
-    for key in ("events", "processes", "owner_labels", "ingest", "ingest_allow_remote"):
+    for key in ("events", "processes", "nics", "owner_labels", "ingest", "ingest_allow_remote"):
         if key in raw:
             setattr(s, key, parse_bool(raw[key], key.replace("_", "-")))
     _validate_telemetry(raw, s)
@@ -196,6 +196,10 @@ def _validate_telemetry(raw: Mapping[str, Any], s: Settings) -> None:
         s.proc_root = text_setting(raw, "proc_root")
         if not os.path.isdir(s.proc_root):
             raise ConfigError(f"proc-root: {s.proc_root} is not a directory (the host's /proc)")
+    if "sys_root" in raw:
+        s.sys_root = text_setting(raw, "sys_root")
+        if not os.path.isdir(s.sys_root):
+            raise ConfigError(f"sys-root: {s.sys_root} is not a directory (the host's /sys)")
     if raw.get("compat"):
         s.compat = text_setting(raw, "compat").lower()
         if s.compat not in COMPAT:

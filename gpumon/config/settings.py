@@ -59,6 +59,8 @@ class Settings:
     owner_labels: bool = False  # add the owning pod / Slurm job as labels on per-GPU series
     kubelet_socket: str = DEFAULT_KUBELET_SOCKET  # "" turns pod lookups off
     proc_root: str = "/proc"  # the host's /proc (mounted elsewhere when gpumon runs in a container)
+    nics: bool = True  # the RDMA NICs, from sysfs (gpumon/net)
+    sys_root: str | None = None  # the host's /sys; None: /sys, and no NICs for simulated or replayed GPUs
     compat: str | None = None  # "dcgm": also emit dcgm-exporter's metric names
     compat_hostname_label: str = "Hostname"  # or "hostname", as dcgm-exporter's main branch spells it
     collect: list[str] = field(default_factory=list)  # opt-in detail by name (gpumon.metrics DETAILS)

@@ -21,6 +21,7 @@ from gpumon.gpu.attribution.ownership import OWNER_LABELS, GpuOwnership, OwnedPr
 from gpumon.gpu.events import EventsView
 from gpumon.gpu.snapshot import GpuStatus, Snapshot
 from gpumon.gpu.types import THROTTLE_REASONS, MigReading
+from gpumon.net.exposition import nic_samples
 
 Family = GaugeMetricFamily | CounterMetricFamily
 _ECC_TYPES = ("corrected", "uncorrected")
@@ -267,6 +268,8 @@ def build_families(
             (M.HOST_LOAD15, h.load15),
         ):
             f.add(metric, [], value)
+    for metric, labels, value in nic_samples(snap.nics or (), detail="nic-detail" in f.details):
+        f.add(metric, labels, value)
     # a family without samples is a quantity nobody here supports: leave it out entirely
     families: list[Metric] = [fam for fam in f.values() if fam.samples]
     if owner_labels:

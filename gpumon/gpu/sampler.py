@@ -25,6 +25,7 @@ from gpumon.gpu.snapshot import CollectorStatus, ErrorKey, GpuStatus, Snapshot
 from gpumon.gpu.types import BackendUnavailable, DeviceDown, DriverInfo, ReadResult, Support
 from gpumon.gpu.worker import GpuWorker
 from gpumon.host import HostReading, HostSampler
+from gpumon.net.rdma import RdmaPort
 
 log = logging.getLogger("gpumon.sampler")
 
@@ -102,6 +103,7 @@ class Sampler:
         self.clock = clock  # schedules backoff and rediscovery; tests pass a manual clock
         self.events = events  # the NVML event watcher, started and stopped with sampling
         self.attributor = attributor  # who owns each GPU process
+        self.nics: Callable[[], tuple[RdmaPort, ...]] | None = None  # the RDMA ports' reader (gpumon/net)
         self._done = threading.Condition()
         self._workers: list[GpuWorker] = []
         self._health: dict[str, _GpuHealth] = {}
@@ -311,6 +313,7 @@ class Sampler:
                 asked.append(w)
 
         host, host_status = self._read_host()
+        nics, nic_status = self._read_nics()
         done = self._collect(asked, workers, seq, deadline, events)
         gpu_elapsed = time.monotonic() - started
         statuses = tuple(done.get(id(w)) or self._status(w, seq, w in asked, events) for w in workers)
@@ -330,6 +333,7 @@ class Sampler:
             collectors=(
                 CollectorStatus("gpu", True, gpu_elapsed),
                 host_status,
+                *(() if nic_status is None else (nic_status,)),
                 *(() if events is None else (CollectorStatus("events", events.running, 0.0),)),
                 *(() if owners_status is None else (owners_status,)),
                 *self._kubelet_status(),
@@ -337,6 +341,7 @@ class Sampler:
             errors=MappingProxyType(dict(self._errors)),
             events=events,
             owners=owners,
+            nics=nics,
         )
         return self._publish(snap)
 
@@ -506,6 +511,22 @@ class Sampler:
             self._count(("", "", "host", type(exc).__name__), str(exc))
             return None, CollectorStatus("host", False, time.monotonic() - t0)
         return reading, CollectorStatus("host", True, time.monotonic() - t0)
+
+    def _read_nics(self) -> tuple[tuple[RdmaPort, ...] | None, CollectorStatus | None]:
+        """The RDMA ports, read beside the GPUs (sysfs files: no NVML, no lock). A file that did not parse
+        costs its quantity and is counted; an exception (a sysfs no kernel writes) costs the sweep's."""
+        if self.nics is None:
+            return None, None
+        t0 = time.monotonic()
+        try:
+            ports = self.nics()
+        except Exception as exc:
+            self._count(("", "", "sysfs_infiniband", type(exc).__name__), str(exc))
+            return None, CollectorStatus("nic", False, time.monotonic() - t0)
+        for p in ports:
+            for name in p.read_errors:
+                self._count(("", "", "sysfs_infiniband", "unparsable"), f"{p.device}/{name}")
+        return ports, CollectorStatus("nic", True, time.monotonic() - t0)
 
     def _status(self, w: GpuWorker, seq: int, asked: bool, events: EventsView | None) -> GpuStatus:
         dev = w.device

@@ -1,4 +1,4 @@
-"""The host the GPUs sit in."""
+"""The host the GPUs sit in, and its RDMA NICs (gpumon/net)."""
 
 from __future__ import annotations
 
@@ -28,3 +28,77 @@ HOST_MEM_AVAIL = metric(
 HOST_LOAD1 = metric("gpumon_host_load1", "gauge", "1-minute load average.", (), source="os.getloadavg")
 HOST_LOAD5 = metric("gpumon_host_load5", "gauge", "5-minute load average.", (), source="os.getloadavg")
 HOST_LOAD15 = metric("gpumon_host_load15", "gauge", "15-minute load average.", (), source="os.getloadavg")
+
+section("RDMA NICs")
+NIC = ("device", "port")
+NIC_SOURCE = "/sys/class/infiniband"
+NIC_INFO = metric(
+    "gpumon_nic_info",
+    "gauge",
+    "An RDMA port (InfiniBand, or RoCE where link_layer is Ethernet), its adapter's PCI function, board and "
+    "firmware.",
+    (*NIC, "link_layer", "pci_bus_id", "board_id", "fw_ver"),
+    source=NIC_SOURCE,
+)
+NIC_UP = metric(
+    "gpumon_nic_up", "gauge", "1 if the port's logical state is ACTIVE, else 0.", NIC, source=NIC_SOURCE
+)
+NIC_SPEED = metric(
+    "gpumon_nic_link_speed_bytes_per_second",
+    "gauge",
+    "The link's signalling rate: a port's traffic is measured against it.",
+    NIC,
+    "bytes/s",
+    f"{NIC_SOURCE} rate",
+)
+NIC_RX = metric(
+    "gpumon_nic_receive_bytes_total",
+    "counter",
+    "Bytes received by the port (its 64-bit data counter, which counts 4-byte words).",
+    NIC,
+    "bytes",
+    "port_rcv_data",
+)
+NIC_TX = metric(
+    "gpumon_nic_transmit_bytes_total",
+    "counter",
+    "Bytes transmitted by the port.",
+    NIC,
+    "bytes",
+    "port_xmit_data",
+)
+NIC_ERRORS = metric(
+    "gpumon_nic_errors_total",
+    "counter",
+    "The port's error counters, by the kernel's name: symbol_error, link_error_recovery, link_downed, "
+    "port_rcv_errors, port_xmit_discards (nic-detail adds the rest). The hardware's counters saturate "
+    "rather than wrap.",
+    (*NIC, "counter"),
+    source=f"{NIC_SOURCE} counters",
+)
+NIC_RX_PACKETS = metric(
+    "gpumon_nic_receive_packets_total",
+    "counter",
+    "Packets received by the port.",
+    NIC,
+    source="port_rcv_packets",
+    detail="nic-detail",
+)
+NIC_TX_PACKETS = metric(
+    "gpumon_nic_transmit_packets_total",
+    "counter",
+    "Packets transmitted by the port.",
+    NIC,
+    source="port_xmit_packets",
+    detail="nic-detail",
+)
+NIC_HW = metric(
+    "gpumon_nic_hw_events_total",
+    "counter",
+    "The driver's RoCE congestion and transport counters where it has them, by name: np_cnp_sent, "
+    "np_ecn_marked_roce_packets, rp_cnp_handled (congestion), out_of_sequence, packet_seq_err, "
+    "local_ack_timeout_err, rnr_nak_retry_err, out_of_buffer (drops and retries).",
+    (*NIC, "counter"),
+    source=f"{NIC_SOURCE} hw_counters",
+    detail="nic-detail",
+)

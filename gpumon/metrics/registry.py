@@ -35,6 +35,10 @@ DETAILS: dict[str, str] = {
     "the performance state costs one NVML call per GPU)",
     "sampler-timing": "per GPU, the time its last read took and when it last succeeded (2 per GPU); the "
     "node's sweep time and gpumon_gpu_up stay",
+    "nic-detail": "per RDMA port, packet counters, the port's other error counters and the driver's RoCE "
+    "congestion and transport counters, as the adapter has them (13 per port of the captured ConnectX-4 in "
+    "tests/fixtures/sysfs, at most 16); the default keeps traffic, link speed and state, and the five error "
+    "counters operators act on",
     "rank-rates": "per rank, the daemon's windowed figures: tokens and samples per second, step time, phase "
     "shares, FLOP/s, peak FLOP/s, MFU, tokens per joule, the straggler score and the bottleneck one-hot "
     "(19 per rank, and one per phase); the default has them per job on the node, and the recording "

@@ -142,6 +142,8 @@ def test_deep_telemetry_settings_from_flags_env_and_file(tmp_path: Path) -> None
         ({"GPUMON_PROFILING": "nsight"}, "profiling: expected one of auto, gpm, dcgm, off"),
         ({"GPUMON_PROFILING": "off", "GPUMON_DCGM_ADDRESS": "h:5555"}, "conflicts with --profiling off"),
         ({"GPUMON_PROC_ROOT": "/no/such/proc"}, "proc-root: /no/such/proc is not a directory"),
+        ({"GPUMON_SYS_ROOT": "/no/such/sys"}, "sys-root: /no/such/sys is not a directory"),
+        ({"GPUMON_NICS": "sometimes"}, "nics: expected true or false"),
         ({"GPUMON_COMPAT": "nvidia_gpu_exporter"}, "compat: expected one of dcgm"),
     ],
 )

@@ -3,12 +3,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import Counter
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from support.helpers import run_gpumon
+from support.helpers import ROOT, run_gpumon
 
 from gpumon import metrics as M
 from gpumon.config.resolve import resolve
@@ -17,6 +18,7 @@ from gpumon.gpu.events import EventWatcher
 from gpumon.gpu.nvml import NvmlBackend
 from gpumon.gpu.sampler import Sampler
 from gpumon.gpu.sim import SimNvml
+from gpumon.net.rdma import read_ports
 
 PER_GPU, PER_NODE, GPUS = 50, 60, 8
 
@@ -61,7 +63,12 @@ def test_the_default_exposition_of_8_h100_is_within_the_budget(daemon) -> None:
 
 @pytest.mark.slow
 def test_collect_all_serves_every_detail(daemon) -> None:
-    d = daemon("--simulate", "2xH100-SXM", "--sim-unreported-jobs", "--interval", "200ms", "--collect", "all")
+    # a captured host's RDMA ports for the NIC details (tests/fixtures/sysfs)
+    nics = str(ROOT / "tests" / "fixtures" / "sysfs" / "procfs")
+    d = daemon(
+        "--simulate", "2xH100-SXM", "--sim-unreported-jobs", "--interval", "200ms", "--collect", "all",
+        "--sys-root", nics,
+    )  # fmt: skip
     names = {f.name for f in text_string_to_metric_families(steady(d))}
     # the training flow's details need SDK ranks: tests/metrics/test_training_series.py measures them
     opt_in = {m.name.removesuffix("_total") for m in M.REGISTRY if m.detail and m not in M.TRAINING_FLOW}
@@ -110,11 +117,13 @@ ADDS = {
 
 # what each training detail adds per rank (test_training_series.py measures them)
 RANK_ADDS = {"rank-rates": 19, "rank-step-buckets": 17, "rank-detail": 4}
+# what the NIC detail adds per port of the captured ConnectX-4 (procfs's mlx5_0)
+PORT_ADDS = {"nic-detail": 13}
 
 
 def test_every_detail_is_documented_with_what_it_adds() -> None:
-    assert set(ADDS) | set(RANK_ADDS) == set(M.DETAILS)
-    for name, n in (ADDS | RANK_ADDS).items():
+    assert set(ADDS) | set(RANK_ADDS) | set(PORT_ADDS) == set(M.DETAILS)
+    for name, n in (ADDS | RANK_ADDS | PORT_ADDS).items():
         assert f"({n} " in M.DETAILS[name] or f"{n} per" in M.DETAILS[name], name
     assert all(m.detail in M.DETAILS for m in M.REGISTRY if m.detail)
 
@@ -126,6 +135,17 @@ def test_each_detail_adds_what_it_says_per_gpu(h100_snapshot, name: str) -> None
     tagged = {m.name for m in M.REGISTRY if m.detail == name}
     default = {f.name for f in build_families(h100_snapshot)}
     assert not tagged & default, f"{name}'s series are served without it"
+
+
+def test_nic_detail_adds_what_it_says_per_port(h100_snapshot) -> None:
+    ports = read_ports(str(ROOT / "tests" / "fixtures" / "sysfs" / "procfs"), detail=True)
+    snap = dataclasses.replace(h100_snapshot, nics=tuple(p for p in ports if p.device == "mlx5_0"))
+
+    def served(details: frozenset[str]) -> int:
+        fams = build_families(snap, details=details)
+        return sum(len(f.samples) for f in fams if f.name.startswith("gpumon_nic"))
+
+    assert served(frozenset({"nic-detail"})) - served(frozenset()) == PORT_ADDS["nic-detail"]
 
 
 def test_collect_names_are_checked_and_all_expands() -> None:
@@ -140,8 +160,6 @@ def test_collect_names_are_checked_and_all_expands() -> None:
 def test_the_default_throttle_series_follow_what_the_gpu_supports_not_one_read(h100_snapshot) -> None:
     """hw_slowdown has no cumulative counter anywhere; the other costly reasons have one on an H100. A read
     whose batch failed (no throttle time this once) must not make their 0/1 series appear for a sweep."""
-    import dataclasses
-
     st = h100_snapshot.gpus[0]
     assert st.reading is not None and st.reading.throttle_seconds
     failed = dataclasses.replace(st, reading=dataclasses.replace(st.reading, throttle_seconds={}))

@@ -25,6 +25,7 @@ from gpumon.gpu.snapshot import CollectorStatus
 from gpumon.gpu.types import MigReading, ProfilingReading
 from gpumon.host import HostReading
 from gpumon.jobs.collector import TrainingCollector
+from gpumon.net.rdma import read_ports
 from gpumon.web.connections import Gate, Limits
 
 GOLDEN = Path(__file__).parent / "golden" / "metrics.prom"
@@ -94,9 +95,12 @@ def pinned(snap):
         collectors=(
             CollectorStatus("gpu", True, 0.02),
             CollectorStatus("host", True, 0.001),
+            CollectorStatus("nic", True, 0.002),
             CollectorStatus("events", True, 0.0),
         ),
         events=events,
+        # a captured host's RDMA ports (tests/fixtures/sysfs), all the detail read: nic-detail decides
+        nics=read_ports(str(ROOT / "tests" / "fixtures" / "sysfs" / "procfs"), detail=True),
     )
 
 

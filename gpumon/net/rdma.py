@@ -1,0 +1,195 @@
+"""RDMA ports from ``/sys/class/infiniband``: traffic, link state and speed, and the errors operators act on.
+
+Unprivileged and cheap: small text files, read as the kernel writes them (Documentation/ABI/stable/
+sysfs-class-infiniband). Every file is optional. A port whose counter reads "N/A (no PMA)" (iWARP adapters
+without a performance-management agent) or is missing has that quantity absent; a value that does not parse
+is absent too and counted as a read error, and the rest of the port is still read. A device or port that
+vanishes mid-read (a reset, a hot unplug) is skipped for that sweep.
+
+``port_rcv_data`` and ``port_xmit_data`` count 4-byte words (octets divided by the 4 lanes); they are
+multiplied back to bytes here. Where the driver offers the extended 64-bit counters under ``counters_ext``
+(older mlx4 kernels) they are preferred; in ``counters`` the same names are 64-bit wherever the adapter has
+extended PMA counters, as every adapter of the last decade does.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+
+# the error counters an operator acts on, as the kernel names them (the default exposition's set)
+ERRORS = (
+    "symbol_error",  # minor link errors on the physical lanes
+    "link_error_recovery",  # the link retrained successfully
+    "link_downed",  # the link failed to recover and went down
+    "port_rcv_errors",  # malformed packets received
+    "port_xmit_discards",  # outbound packets dropped because the port was down or congested
+)
+# more of the port's error and congestion counters (an opt-in detail)
+MORE_ERRORS = (
+    "port_rcv_remote_physical_errors",
+    "local_link_integrity_errors",
+    "excessive_buffer_overrun_errors",
+    "port_rcv_constraint_errors",
+    "port_xmit_constraint_errors",
+    "VL15_dropped",
+)
+# RoCE congestion control and transport retries, where the driver has them (mlx5 hw_counters)
+HW_COUNTERS = (
+    "np_cnp_sent",  # congestion notifications this port sent as a receiver of ECN-marked packets
+    "np_ecn_marked_roce_packets",  # packets that arrived ECN-marked: the fabric is congested towards here
+    "rp_cnp_handled",  # congestion notifications this port received and slowed down for
+    "out_of_sequence",  # packets received out of order: drops somewhere on the path
+    "packet_seq_err",
+    "local_ack_timeout_err",  # the transport retransmitted for want of an ACK
+    "rnr_nak_retry_err",
+    "out_of_buffer",  # packets dropped for want of a receive buffer
+)
+NA = "N/A"  # what a counter without a performance-management agent reads
+MAX_VALUE_BYTES = 256  # a sysfs attribute is at most a page; these are one short line
+_RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*Gb/sec", re.IGNORECASE)
+_STATE = re.compile(r"^\s*(\d+)\s*:\s*(\S.*?)\s*$")
+
+
+@dataclass(frozen=True, slots=True)
+class RdmaPort:
+    device: str  # the RDMA device, e.g. mlx5_0
+    port: int
+    link_layer: str | None  # "InfiniBand" or "Ethernet" (RoCE)
+    state: str | None  # the logical state: ACTIVE, INIT, DOWN, ...
+    phys_state: str | None  # the physical state: LinkUp, Polling, Disabled, ...
+    rate_bytes_per_second: float | None  # the link's signalling rate, from e.g. "400 Gb/sec (4X NDR)"
+    receive_bytes: int | None
+    transmit_bytes: int | None
+    receive_packets: int | None
+    transmit_packets: int | None
+    errors: dict[str, int] = field(default_factory=dict)  # ERRORS and MORE_ERRORS the port has
+    hw_counters: dict[str, int] = field(default_factory=dict)  # HW_COUNTERS the driver has
+    pci_bus_id: str | None = None  # the adapter's PCI function, from the device link
+    board_id: str | None = None
+    fw_ver: str | None = None
+    read_errors: tuple[str, ...] = ()  # files whose content did not parse, relative to the device
+
+    @property
+    def up(self) -> bool:
+        return self.state == "ACTIVE"
+
+
+def _text(path: str) -> str | None:
+    """The file's first line, or None where it is missing, unreadable or gone."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(MAX_VALUE_BYTES)
+    except OSError:
+        return None
+    return raw.decode("ascii", "replace").strip().split("\n", 1)[0].strip()
+
+
+def _count(path: str, bad: list[str], name: str) -> int | None:
+    text = _text(path)
+    if text is None or text.startswith(NA):
+        return None
+    if text.isdigit() and len(text) <= 20:
+        return int(text)
+    bad.append(name)
+    return None
+
+
+def parse_rate(text: str | None) -> float | None:
+    """``400 Gb/sec (4X NDR)`` → 5e10 bytes/s; ``2.5 Gb/sec (1X SDR)`` → 3.125e8."""
+    m = _RATE.match(text or "")
+    return None if m is None else float(m.group(1)) * 1e9 / 8
+
+
+def parse_state(text: str | None) -> str | None:
+    """``4: ACTIVE`` → ``ACTIVE``; ``5: LinkUp`` → ``LinkUp``."""
+    m = _STATE.match(text or "")
+    return None if m is None else m.group(2)
+
+
+def _pci_bus_id(device_dir: str) -> str | None:
+    try:
+        target = os.readlink(os.path.join(device_dir, "device"))
+    except OSError:
+        return None
+    name = os.path.basename(target.rstrip("/"))
+    return name if re.fullmatch(r"[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]", name) else None
+
+
+def _listdir(path: str) -> list[str]:
+    try:
+        return sorted(os.listdir(path))
+    except OSError:
+        return []
+
+
+def read_port(device_dir: str, device: str, port: int, *, detail: bool = False) -> RdmaPort | None:
+    """One port of one device, or None when the port is gone. ``detail`` also reads MORE_ERRORS,
+    HW_COUNTERS."""
+    base = os.path.join(device_dir, "ports", str(port))
+    if not os.path.isdir(base):
+        return None
+    bad: list[str] = []
+    counters, ext = os.path.join(base, "counters"), os.path.join(base, "counters_ext")
+
+    def counter(name: str) -> int | None:
+        return _count(os.path.join(counters, name), bad, f"ports/{port}/counters/{name}")
+
+    def extended(name: str, scale: int = 1) -> int | None:
+        value = _count(os.path.join(ext, f"{name}_64"), bad, f"ports/{port}/counters_ext/{name}_64")
+        if value is None:
+            value = counter(name)
+        return None if value is None else value * scale
+
+    names = ERRORS + (MORE_ERRORS if detail else ())
+    errors = {n: v for n in names if (v := counter(n)) is not None}
+    hw: dict[str, int] = {}
+    if detail:
+        hwdir = os.path.join(base, "hw_counters")
+        hw = {
+            n: v
+            for n in HW_COUNTERS
+            if (v := _count(os.path.join(hwdir, n), bad, f"ports/{port}/hw_counters/{n}")) is not None
+        }
+    return RdmaPort(
+        device=device,
+        port=port,
+        link_layer=_text(os.path.join(base, "link_layer")) or None,
+        state=parse_state(_text(os.path.join(base, "state"))),
+        phys_state=parse_state(_text(os.path.join(base, "phys_state"))),
+        rate_bytes_per_second=parse_rate(_text(os.path.join(base, "rate"))),
+        receive_bytes=extended("port_rcv_data", 4),
+        transmit_bytes=extended("port_xmit_data", 4),
+        receive_packets=extended("port_rcv_packets"),
+        transmit_packets=extended("port_xmit_packets"),
+        errors=errors,
+        hw_counters=hw,
+        pci_bus_id=_pci_bus_id(device_dir),
+        board_id=_text(os.path.join(device_dir, "board_id")) or None,
+        fw_ver=_text(os.path.join(device_dir, "fw_ver")) or None,
+        read_errors=tuple(bad),
+    )
+
+
+# a node has a handful of adapters; a tree with thousands (a hostile or broken sysfs) is cut here
+MAX_PORTS = 64
+
+
+def read_ports(sysfs: str = "/sys", *, detail: bool = False) -> tuple[RdmaPort, ...]:
+    """Every port of every RDMA device under ``sysfs``/class/infiniband, in name order (at most
+    MAX_PORTS). No devices (no RDMA driver loaded): an empty tuple."""
+    root = os.path.join(sysfs, "class", "infiniband")
+    out: list[RdmaPort] = []
+    for device in _listdir(root):
+        device_dir = os.path.join(root, device)
+        ports = sorted(
+            int(p) for p in _listdir(os.path.join(device_dir, "ports")) if p.isdigit() and len(p) < 4
+        )
+        for port in ports:
+            if len(out) >= MAX_PORTS:
+                return tuple(out)
+            read = read_port(device_dir, device, port, detail=detail)
+            if read is not None:
+                out.append(read)
+    return tuple(out)

@@ -1,0 +1,98 @@
+"""RDMA ports on /metrics: a real daemon over a captured sysfs tree (tests/fixtures/sysfs), through the
+sampler and the GPU flow's collector, promtool-clean; and what a broken tree costs."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+from support.helpers import ROOT, Daemon, require_tool
+from support.soak import parse, value
+
+from gpumon.gpu.nvml import NvmlBackend
+from gpumon.gpu.sampler import Sampler
+from gpumon.gpu.sim import SimNvml
+from gpumon.net.rdma import read_ports
+
+PROCFS = ROOT / "tests" / "fixtures" / "sysfs" / "procfs"
+
+
+def test_a_daemon_serves_each_rdma_port_of_the_tree_it_reads(daemon: Callable[..., Daemon]) -> None:
+    d = daemon("--simulate", "1xH100-SXM", "--sys-root", str(PROCFS))
+    body = d.get("/metrics").text
+    got = parse(body)
+    mlx5 = {"device": "mlx5_0", "port": "1"}
+    assert value(got, "gpumon_nic_receive_bytes_total", **mlx5) == 72_505_381_512
+    assert value(got, "gpumon_nic_transmit_bytes_total", **mlx5) == 11_523_046_035_392
+    assert value(got, "gpumon_nic_link_speed_bytes_per_second", **mlx5) == 3_125_000_000
+    assert value(got, "gpumon_nic_up", **mlx5) == 1
+    assert value(got, "gpumon_nic_errors_total", counter="link_downed", **mlx5) == 0
+    info = {"link_layer": "InfiniBand", "pci_bus_id": "", "board_id": "SM_2001000001034"}
+    info["fw_ver"] = "14.28.2006"
+    assert value(got, "gpumon_nic_info", **info, **mlx5) == 1
+    assert value(got, "gpumon_collector_success", collector="nic") == 1
+    # the long tail is opt-in (nic-detail)
+    assert value(got, "gpumon_nic_receive_packets_total", **mlx5) is None
+    ports = {(dict(lb)["device"], dict(lb)["port"]) for (n, lb) in got if n == "gpumon_nic_up"}
+    assert ports == {("hfi1_0", "1"), ("mlx4_0", "1"), ("mlx4_0", "2"), ("mlx5_0", "1")}
+    check = subprocess.run(
+        [require_tool("promtool"), "check", "metrics"], input=body, capture_output=True, text=True
+    )
+    assert check.returncode == 0, check.stdout + check.stderr
+
+
+def test_nic_detail_adds_packets_and_the_adapters_own_counters(daemon: Callable[..., Daemon]) -> None:
+    d = daemon("--simulate", "1xH100-SXM", "--sys-root", str(PROCFS), "--collect", "nic-detail")
+    got = parse(d.get("/metrics").text)
+    mlx5 = {"device": "mlx5_0", "port": "1"}
+    assert value(got, "gpumon_nic_receive_packets_total", **mlx5) is not None
+    assert value(got, "gpumon_nic_hw_events_total", counter="out_of_sequence", **mlx5) is not None
+    assert value(got, "gpumon_nic_errors_total", counter="VL15_dropped", **mlx5) is not None
+
+
+def test_simulated_gpus_read_no_nics_of_the_host_without_a_named_tree(daemon: Callable[..., Daemon]) -> None:
+    got = parse(daemon("--simulate", "1xH100-SXM").get("/metrics").text)
+    assert not [n for n, _ in got if n.startswith("gpumon_nic_")]
+    assert value(got, "gpumon_collector_success", collector="nic") is None
+
+
+def test_no_nics_turns_the_collector_off(daemon: Callable[..., Daemon]) -> None:
+    d = daemon("--simulate", "1xH100-SXM", "--sys-root", str(PROCFS), "--no-nics")
+    got = parse(d.get("/metrics").text)
+    assert not [n for n, _ in got if n.startswith("gpumon_nic_")]
+
+
+def test_an_unparsable_file_is_counted_and_costs_only_its_quantity(tmp_path: Path) -> None:
+    root = tmp_path / "sys"
+    shutil.copytree(PROCFS / "class" / "infiniband" / "mlx5_0", root / "class" / "infiniband" / "mlx5_0")
+    (root / "class/infiniband/mlx5_0/ports/1/counters/port_rcv_data").write_text("lots\n")
+    sampler = Sampler(NvmlBackend(SimNvml("1xH100-SXM", static=True)), timeout=1.0)
+    sampler.nics = lambda: read_ports(str(root))
+    sampler.open()
+    try:
+        for _ in range(2):
+            snap = sampler.sweep()
+    finally:
+        sampler.stop()
+    (port,) = snap.nics or ()
+    assert port.receive_bytes is None and port.transmit_bytes == 11_523_046_035_392
+    assert snap.errors[("", "", "sysfs_infiniband", "unparsable")] == 2
+    assert {c.name: c.success for c in snap.collectors}["nic"] is True
+
+
+def test_a_reader_that_raises_fails_the_nic_collector_only() -> None:
+    def broken() -> tuple[()]:
+        raise OSError("sysfs went away")
+
+    sampler = Sampler(NvmlBackend(SimNvml("1xH100-SXM", static=True)), timeout=1.0)
+    sampler.nics = broken
+    sampler.open()
+    try:
+        snap = sampler.sweep()
+    finally:
+        sampler.stop()
+    status = {c.name: c.success for c in snap.collectors}
+    assert status["nic"] is False and status["gpu"] is True and snap.nics is None
+    assert snap.errors[("", "", "sysfs_infiniband", "OSError")] == 1

@@ -1,0 +1,151 @@
+"""RDMA ports read from captured sysfs trees of real hosts (tests/fixtures/sysfs/README.md) and from hostile
+ones: missing files, garbage, huge files, devices that vanish, more ports than a node has."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from support.helpers import ROOT
+
+from gpumon.net.rdma import ERRORS, MAX_PORTS, RdmaPort, parse_rate, parse_state, read_port, read_ports
+
+FIXTURES = ROOT / "tests" / "fixtures" / "sysfs"
+PROCFS, NODE_EXPORTER = str(FIXTURES / "procfs"), str(FIXTURES / "node_exporter")
+
+
+def by_name(ports: tuple[RdmaPort, ...]) -> dict[tuple[str, int], RdmaPort]:
+    return {(p.device, p.port): p for p in ports}
+
+
+def test_procfs_hosts_read_as_procfs_itself_expects_them() -> None:
+    ports = by_name(read_ports(PROCFS, detail=True))
+    assert sorted(ports) == [("hfi1_0", 1), ("mlx4_0", 1), ("mlx4_0", 2), ("mlx5_0", 1)]
+    mlx5 = ports[("mlx5_0", 1)]
+    # procfs's class_infiniband_test.go expects these for the same files
+    assert mlx5.rate_bytes_per_second == 3_125_000_000
+    assert mlx5.receive_bytes == 72_505_381_512 and mlx5.transmit_bytes == 11_523_046_035_392
+    assert (mlx5.state, mlx5.phys_state, mlx5.link_layer, mlx5.up) == ("ACTIVE", "ACTIVE", "InfiniBand", True)
+    assert set(mlx5.errors) >= set(ERRORS) and mlx5.errors["symbol_error"] == 0
+    # RoCE transport counters where the driver has them; the congestion ones this adapter lacks stay absent
+    assert {"out_of_sequence", "local_ack_timeout_err", "out_of_buffer"} <= set(mlx5.hw_counters)
+    assert "np_cnp_sent" not in mlx5.hw_counters
+    assert (mlx5.board_id, mlx5.fw_ver, mlx5.read_errors) == ("SM_2001000001034", "14.28.2006", ())
+    assert ports[("hfi1_0", 1)].rate_bytes_per_second == 100e9 / 8
+    assert ports[("mlx4_0", 2)].link_layer == "InfiniBand"  # its file has a blank line after the value
+
+
+def test_an_iwarp_adapter_without_a_performance_agent_has_its_counters_absent_not_zero() -> None:
+    (port,) = [p for p in read_ports(NODE_EXPORTER) if p.device == "i40iw0"]
+    assert (port.receive_bytes, port.transmit_bytes, port.receive_packets, port.errors) == (
+        None,
+        None,
+        None,
+        {},
+    )
+    assert port.rate_bytes_per_second == 10e9 / 8 and port.read_errors == ()
+
+
+def test_the_legacy_extended_counters_are_preferred_where_the_driver_has_them() -> None:
+    port = by_name(read_ports(NODE_EXPORTER))[("mlx4_0", 1)]
+    assert port.receive_bytes == 4_631_917 * 4 and port.transmit_bytes == 3_733_440 * 4
+    assert port.receive_packets == 0  # counters_ext/port_rcv_packets_64, not counters/port_rcv_packets
+
+
+def test_the_default_read_leaves_the_long_tail_out() -> None:
+    port = by_name(read_ports(PROCFS))[("mlx5_0", 1)]
+    assert set(port.errors) == set(ERRORS) and port.hw_counters == {}
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("400 Gb/sec (4X NDR)", 50e9),
+        ("200 Gb/sec (2X NDR)", 25e9),
+        ("2.5 Gb/sec (1X SDR)", 312_500_000),
+        ("10 Gb/sec (4X)", 1.25e9),
+        ("0 GB/sec", 0.0),
+        ("", None),
+        ("fast", None),
+        (None, None),
+    ],
+)
+def test_rate(text: str | None, expected: float | None) -> None:
+    assert parse_rate(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("4: ACTIVE", "ACTIVE"), ("5: LinkUp", "LinkUp"), ("1: DOWN", "DOWN"), ("ACTIVE", None), ("4:", None)],
+)
+def test_state(text: str, expected: str | None) -> None:
+    assert parse_state(text) == expected
+
+
+def hostile(tmp_path: Path) -> Path:
+    """A copy of procfs's mlx5_0, to spoil."""
+    root = tmp_path / "sys"
+    shutil.copytree(FIXTURES / "procfs" / "class" / "infiniband" / "mlx5_0", root / "class/infiniband/mlx5_0")
+    return root
+
+
+def test_garbage_in_a_file_costs_that_quantity_only_and_is_named(tmp_path: Path) -> None:
+    root = hostile(tmp_path)
+    counters = root / "class/infiniband/mlx5_0/ports/1/counters"
+    (counters / "port_rcv_data").write_bytes(b"12x34\n")
+    (counters / "symbol_error").write_bytes(b"-5\n")
+    (counters / "port_xmit_data").write_bytes(b"9" * 1_000_000)  # past any counter, and past what is read
+    (counters / "link_downed").write_bytes(b"\xff\xfe\n")
+    (root / "class/infiniband/mlx5_0/ports/1/rate").write_text("garbage\n")
+    os.remove(counters / "port_rcv_errors")
+    (port,) = read_ports(str(root))
+    assert port.receive_bytes is None and port.transmit_bytes is None and port.rate_bytes_per_second is None
+    assert "symbol_error" not in port.errors and "port_rcv_errors" not in port.errors
+    assert port.receive_packets is not None and port.errors["port_xmit_discards"] == 0
+    assert set(port.read_errors) == {
+        f"ports/1/counters/{n}" for n in ("port_rcv_data", "symbol_error", "port_xmit_data", "link_downed")
+    }
+
+
+def test_a_port_or_a_file_that_is_not_what_sysfs_has_is_skipped(tmp_path: Path) -> None:
+    root = hostile(tmp_path)
+    device = root / "class/infiniband/mlx5_0"
+    (device / "ports/1/state").unlink()
+    (device / "ports/1/state").mkdir()  # a directory where a file should be
+    (device / "ports/not-a-port").mkdir()
+    (device / "ports/99999").mkdir()  # no such port number
+    (device / "device").symlink_to(device / "device")  # a loop
+    (port,) = read_ports(str(root))
+    assert (port.state, port.up, port.pci_bus_id) == (None, False, None)
+
+
+def test_a_device_that_vanishes_mid_read_is_skipped_for_that_read(tmp_path: Path) -> None:
+    root = hostile(tmp_path)
+    device = str(root / "class/infiniband/mlx5_0")
+    shutil.rmtree(os.path.join(device, "ports"))
+    assert read_port(device, "mlx5_0", 1) is None and read_ports(str(root)) == ()
+
+
+def test_the_pci_function_comes_from_the_device_link(tmp_path: Path) -> None:
+    root = hostile(tmp_path)
+    device = root / "class/infiniband/mlx5_0"
+    (device / "device").symlink_to("../../../devices/pci0000:a0/0000:a0:01.0/0000:a1:00.0")
+    (port,) = read_ports(str(root))
+    assert port.pci_bus_id == "0000:a1:00.0"
+
+
+def test_no_rdma_driver_means_no_ports(tmp_path: Path) -> None:
+    assert read_ports(str(tmp_path)) == ()
+
+
+def test_a_tree_with_thousands_of_ports_is_cut_at_max_ports(tmp_path: Path) -> None:
+    root = tmp_path / "class/infiniband"
+    for d in range(40):
+        for p in (1, 2):
+            port = root / f"dev{d:02d}/ports/{p}"
+            port.mkdir(parents=True)
+            (port / "state").write_text("4: ACTIVE\n")
+    ports = read_ports(str(tmp_path))
+    assert len(ports) == MAX_PORTS and ports[0].device == "dev00" and ports[1].port == 2
