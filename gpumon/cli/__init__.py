@@ -9,6 +9,7 @@ them; keep the two in step.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import logging
 import os
@@ -116,6 +117,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
     except (BackendUnavailable, ListenError, DaemonError) as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        # the system failed the command, not gpumon (stdout on a full disk, a device gone): a runtime
+        # failure; stdout goes to /dev/null so the interpreter's last flush does not fail on it again
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

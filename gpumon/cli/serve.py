@@ -218,6 +218,10 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
     previous = signal.signal(signal.SIGTERM, _stop_requested)
     try:
         _server(config, gate, sim_training, guard, Trimmer(heap)).run(sockets=sockets)
+    except KeyboardInterrupt:
+        # uvicorn stops on SIGINT as on SIGTERM, then raises it again with Python's own handler: Ctrl-C on a
+        # serving daemon is a stop asked for (exit 0), as SIGTERM is
+        _stop_requested(signal.SIGINT, None)
     finally:
         signal.signal(signal.SIGTERM, previous)
         if sim_training is not None:

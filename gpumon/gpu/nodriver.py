@@ -89,6 +89,19 @@ def _nodes(dev: str, access: Callable[[str, int], bool]) -> Finding:
     return Finding("device nodes", True, f"{control} and {len(gpus)} GPU node(s), read-write")
 
 
+# a value longer than any device list is cut: the report is for a terminal
+MAX_SHOWN = 200
+
+
+def _shown(value: str) -> str:
+    """The value as a shell would need it typed, on one line: control characters (a newline that would
+    forge a report line, a terminal escape) and undecodable bytes escaped, and cut at MAX_SHOWN."""
+    cut = value[:MAX_SHOWN]
+    escaped = cut.encode("unicode_escape").decode("ascii").replace("'", "\\'")
+    text = shlex.quote(cut) if cut.isprintable() else f"$'{escaped}'"
+    return text + ("..." if len(value) > MAX_SHOWN else "")
+
+
 def _container(root: str, env: Mapping[str, str]) -> Finding | None:
     markers = [m for m in ("/.dockerenv", "/run/.containerenv") if os.path.exists(root.rstrip("/") + m)]
     if not markers and "KUBERNETES_SERVICE_HOST" not in env:
@@ -100,7 +113,7 @@ def _container(root: str, env: Mapping[str, str]) -> Finding | None:
     seen = (
         f"running in {where}; NVIDIA_VISIBLE_DEVICES is not set"
         if visible is None
-        else f"running in {where} with NVIDIA_VISIBLE_DEVICES={shlex.quote(visible)}"
+        else f"running in {where} with NVIDIA_VISIBLE_DEVICES={_shown(visible)}"
     )
     if visible in (None, "", "void", "none"):
         return Finding(

@@ -14,9 +14,11 @@ import textwrap
 import time
 from collections.abc import Callable
 
+import httpx
 import pynvml
 import pytest
 from support.helpers import ROOT, Daemon, free_port, gpumon_cmd, run_gpumon
+from support.poll import poll
 
 from gpumon.gpu import nodriver
 from gpumon.gpu.sampler import gpu_ranges
@@ -163,6 +165,10 @@ def test_doctor_says_nvidia_visible_devices_is_not_set_rather_than_unset() -> No
         # a value the runtime does not know is shown as it is, never confused with an absent variable
         ({"NVIDIA_VISIBLE_DEVICES": "unset"}, True, " with NVIDIA_VISIBLE_DEVICES=unset"),
         ({"NVIDIA_VISIBLE_DEVICES": "0,1"}, True, " with NVIDIA_VISIBLE_DEVICES=0,1"),
+        # a newline would forge a report line and an escape drive the terminal: escaped, on one line
+        ({"NVIDIA_VISIBLE_DEVICES": "0\n [OK] x"}, True, " with NVIDIA_VISIBLE_DEVICES=$'0\\n [OK] x'"),
+        ({"NVIDIA_VISIBLE_DEVICES": "\x1b[2J"}, True, " with NVIDIA_VISIBLE_DEVICES=$'\\x1b[2J'"),
+        ({"NVIDIA_VISIBLE_DEVICES": "7" * 300}, True, " with NVIDIA_VISIBLE_DEVICES=" + "7" * 200 + "..."),
     ],
 )
 def test_the_container_check_shows_the_variable_as_the_runtime_sees_it(
@@ -250,6 +256,51 @@ def test_interrupted_exits_130_and_a_closed_stdout_141(tmp_path) -> None:
     assert closed.stdout is not None
     closed.stdout.close()
     assert closed.wait(60) == 141
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=2.0).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def test_ctrl_c_on_a_serving_daemon_is_a_clean_stop_exit_0() -> None:
+    proc = subprocess.Popen(
+        gpumon_cmd("serve", "--simulate", "1xL4", "--listen", "127.0.0.1:0"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=ROOT,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    assert proc.stdout is not None
+    log = []
+    for line in proc.stdout:
+        log.append(line)
+        if "listening on" in line:
+            break
+    url = re.search(r"http://[\d.:]+", log[-1])
+    assert url is not None, log
+    poll(lambda: _answers(url.group(0) + "/healthz"), 30, "the daemon to serve")
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=30)
+    log.append(out)
+    assert proc.returncode == 0, "".join(log)
+    assert "gpumon stopped" in out and "Traceback" not in out, out
+
+
+def test_stdout_that_cannot_be_written_is_a_runtime_failure_not_a_bug() -> None:
+    with open("/dev/full", "w") as full:
+        done = subprocess.run(
+            gpumon_cmd("estimate", "--model", "llama2-7b"),
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+        )
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.count("\n") == 1 and "No space left on device" in done.stderr, done.stderr
 
 
 def test_an_internal_error_exits_70_with_one_line() -> None:

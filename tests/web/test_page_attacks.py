@@ -292,3 +292,21 @@ def test_a_refresh_is_two_requests_however_many_jobs_and_opening_a_job_is_none(b
     assert refreshes(browser) == 1
     assert fake.requests == ["/?refresh=300", "/v1/gpus", "/v1/jobs?detail=true"]
     assert problems(browser) == []
+
+
+def test_a_job_that_ends_with_its_details_open_comes_back_closed(browser, fake, real) -> None:
+    """Found by the review of issue 32: the open jobs were never forgotten, so a new job reusing an ended
+    one's name appeared with its details already open."""
+    fake.serve(real["gpus"], real["jobs"], real["details"])
+    browser.get(fake.url + "/?refresh=0.5")
+    wait_for("both jobs", lambda: len(texts(browser, "#job-rows .job-name")) == 2)
+    browser.execute_script("document.querySelectorAll('#job-rows .job-name').forEach((b) => b.click())")
+    wait_for("both jobs' details", lambda: len(texts(browser, "#job-rows > tr.job-detail")) == 2)
+    jobs = fake.answers["/v1/jobs"][1]
+    fake.answers["/v1/jobs"] = (200, {**jobs, "jobs": [j for j in jobs["jobs"] if j["job"] != "beta"]})
+    wait_for("beta gone", lambda: texts(browser, "#job-rows .job-name") == ["alpha"])
+    fake.answers["/v1/jobs"] = (200, jobs)
+    wait_for("beta back", lambda: len(texts(browser, "#job-rows .job-name")) == 2)
+    rows = "return Array.from(document.querySelectorAll('#job-rows > tr'), (r) => r.className)"
+    assert browser.execute_script(rows) == ["", "job-detail", ""]  # alpha still open, beta closed
+    assert problems(browser) == []

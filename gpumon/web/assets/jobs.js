@@ -18,6 +18,11 @@ const gpumonJobs = (() => {
 
   // jobs: [{summary, detail}], detail null where it could not be read this time
   function rows(jobs) {
+    // a job that ended takes its open state with it: a later job of the same name starts closed
+    const names = new Set(jobs.map((job) => String(job.summary.job)));
+    for (const open of [openJobs, openEvidence]) {
+      for (const name of open) if (!names.has(name)) open.delete(name);
+    }
     const out = jobs.flatMap((job) => {
       const name = String(job.summary.job);
       return openJobs.has(name) ? [row(job), detailRow(name, job.detail)] : [row(job)];
