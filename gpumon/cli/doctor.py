@@ -103,7 +103,7 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
     finally:
         if recording is not None:
             recording.discard()
-    report = diagnose(snap, sources=sources)
+    report = diagnose(snap, sources=sources, sysfs=settings.sys_root or "/sys")
     print(json.dumps(report.as_json(), indent=2) if args.json else render(report))
     return 0
 
@@ -112,6 +112,24 @@ def _wait(cond: Callable[[], bool], timeout: float = 3.0) -> None:
     deadline = time.monotonic() + timeout
     while not cond() and time.monotonic() < deadline:
         time.sleep(0.02)
+
+
+def _network(r: Report) -> list[str]:
+    net = r.network
+    lines = []
+    for p in net.ports:
+        rate = p["rate_bytes_per_second"]
+        speed = f"{rate * 8 / 1e9:g} Gb/s" if rate is not None else "? Gb/s"
+        lines.append(
+            f"NIC {p['device']}/{p['port']}:{' ' * max(1, 10 - len(p['device']) - len(str(p['port'])))}"
+            f"{p['link_layer'] or '?'}  {speed}  {p['state'] or '?'}  {p['pci_bus_id'] or ''}".rstrip()
+        )
+    if net.nearest:
+        pairs = ", ".join(f"GPU {n['gpu']} {n['nic']} ({n['path']})" for n in net.nearest)
+        lines.append(f"nearest NIC:    {pairs}")
+    if net.ports:
+        lines.append(f"GPUDirect RDMA: {net.peermem + ' loaded' if net.peermem else 'no peer-memory module'}")
+    return lines
 
 
 def render(r: Report) -> str:
@@ -134,6 +152,7 @@ def render(r: Report) -> str:
             f"GPU {g['index']}:          {g['name']}  {g['uuid']}  {g['pci_bus_id']}  {status}  "
             f"persistence {pm}"
         )
+    lines += _network(r)
     if r.gpus:
         lines += ["", "quantity".ljust(30) + " ".join(f"{g['index']:>6}" for g in r.gpus)]
         for q in r.quantities:

@@ -11,6 +11,8 @@ from typing import Any
 from gpumon.gpu.backend import NOT_HARDWARE
 from gpumon.gpu.snapshot import GpuStatus, Snapshot
 from gpumon.gpu.types import Support
+from gpumon.net.doctor import NetReport
+from gpumon.net.doctor import report as net_report
 
 DEVICE_NODES = ("/dev/nvidiactl",)
 
@@ -26,6 +28,7 @@ class Report:
     uid: int
     telemetry: dict[str, str] = field(default_factory=dict)  # deep telemetry sources and their state
     advice: list[str] = field(default_factory=list)
+    network: NetReport = field(default_factory=NetReport)  # RDMA ports, GPU-NIC affinity (gpumon/net)
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -39,6 +42,7 @@ class Report:
             "device_nodes": self.devices,
             "telemetry": self.telemetry,
             "gpus": self.gpus,
+            "network": self.network.as_json(),
             "advice": self.advice,
         }
 
@@ -93,7 +97,11 @@ def _mig_mode(st: GpuStatus) -> str:
 
 
 def diagnose(
-    snap: Snapshot, *, check_devices: bool = True, sources: Mapping[str, str] | None = None
+    snap: Snapshot,
+    *,
+    check_devices: bool = True,
+    sources: Mapping[str, str] | None = None,
+    sysfs: str = "/sys",
 ) -> Report:
     gpus: list[dict[str, Any]] = []
     for st in snap.gpus:
@@ -130,7 +138,8 @@ def diagnose(
         uid=os.getuid(),
         telemetry=telemetry(snap, sources),
     )
-    report.advice = _advice(report, simulated, replayed=snap.backend == "replay")
+    report.network = net_report(sysfs, [(st.info.index, st.info.pci_bus_id) for st in snap.gpus], snap.nics)
+    report.advice = _advice(report, simulated, replayed=snap.backend == "replay") + report.network.advice
     return report
 
 

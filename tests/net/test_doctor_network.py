@@ -1,0 +1,59 @@
+"""`gpumon doctor` on a node's network: its RDMA ports, each GPU's nearest NIC and GPUDirect RDMA, run as a
+user would over a sysfs tree laid out as a node (the captured ConnectX-4 behind GPU 0's PCIe switch)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from support.helpers import ROOT, run_gpumon
+from test_affinity import device
+
+CAPTURED = ROOT / "tests" / "fixtures" / "sysfs" / "procfs" / "class" / "infiniband" / "mlx5_0"
+
+
+def node(sysfs: Path, *, peermem: bool = False) -> Path:
+    """The simulated 2xH100-SXM's GPUs (00000000:18:00.0 and 00000000:2A:00.0) on the two sockets, and
+    mlx5_0 behind GPU 0's switch."""
+    device(sysfs, ["pci0000:17", "0000:17:01.0", "0000:18:00.0"], numa=0)  # GPU 0 below the root port
+    nic = device(sysfs, ["pci0000:17", "0000:17:01.0", "0000:19:00.0"], numa=0)
+    device(sysfs, ["pci0000:29", "0000:29:01.0", "0000:2a:00.0"], numa=1)  # GPU 1, the other socket
+    ib = sysfs / "class" / "infiniband" / "mlx5_0"
+    shutil.copytree(CAPTURED, ib)
+    (ib / "device").symlink_to(f"../../../devices/pci0000:17/0000:17:01.0/{nic}")
+    if peermem:
+        (sysfs / "module" / "nvidia_peermem").mkdir(parents=True)
+    return sysfs
+
+
+def test_doctor_names_each_gpus_nearest_nic_and_warns_across_the_socket(tmp_path: Path) -> None:
+    sysfs = node(tmp_path / "sys")
+    out = run_gpumon("doctor", "--simulate", "2xH100-SXM", "--sys-root", str(sysfs))
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert "NIC mlx5_0/1:   InfiniBand  25 Gb/s  ACTIVE  0000:19:00.0" in lines, out.stdout
+    assert "nearest NIC:    GPU 0 mlx5_0 (PIX), GPU 1 mlx5_0 (SYS)" in lines, out.stdout
+    assert "GPUDirect RDMA: no peer-memory module" in lines
+    words = " ".join(out.stdout.split())
+    assert "The nearest RDMA NIC of GPU 1 is across the socket link (SYS)" in words
+    assert "modprobe nvidia_peermem" in words
+
+
+def test_doctor_json_carries_the_network_and_the_peer_memory_module(tmp_path: Path) -> None:
+    sysfs = node(tmp_path / "sys", peermem=True)
+    doc = json.loads(
+        run_gpumon("doctor", "--json", "--simulate", "2xH100-SXM", "--sys-root", str(sysfs)).stdout
+    )
+    net = doc["network"]
+    assert net["nearest"] == [
+        {"gpu": 0, "nic": "mlx5_0", "path": "PIX"},
+        {"gpu": 1, "nic": "mlx5_0", "path": "SYS"},
+    ]
+    assert net["peermem"] == "nvidia_peermem" and net["ports"][0]["pci_bus_id"] == "0000:19:00.0"
+    assert not any("modprobe" in a for a in doc["advice"])
+
+
+def test_doctor_without_rdma_nics_says_nothing_of_them() -> None:
+    out = run_gpumon("doctor", "--simulate", "1xH100-SXM")
+    assert out.returncode == 0 and "NIC " not in out.stdout and "GPUDirect" not in out.stdout
