@@ -7,7 +7,6 @@ import atexit
 import logging
 import os
 from collections.abc import Callable
-from functools import partial
 from typing import Any
 
 import pynvml
@@ -24,7 +23,7 @@ from gpumon.gpu.sampler import Sampler
 from gpumon.gpu.sim import SimNvml
 from gpumon.gpu.types import BackendUnavailable
 from gpumon.metrics.registry import DETAILS
-from gpumon.net.rdma import read_ports
+from gpumon.net.rdma import NicReader
 
 log = logging.getLogger("gpumon")
 
@@ -277,7 +276,7 @@ def open_sampler(settings: Settings, command: str, *, wait: bool = False, wrap: 
         real = backend.name == "nvml" or settings.sys_root is not None
         if settings.nics and real:
             root = settings.sys_root or "/sys"
-            sampler.nics = partial(read_ports, root, detail="nic-detail" in backend.details)
+            sampler.nics = NicReader(root, detail="nic-detail" in backend.details)
         sampler.open(wait=wait)
         return sampler
 

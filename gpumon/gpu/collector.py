@@ -270,6 +270,10 @@ def build_families(
             f.add(metric, [], value)
     for metric, labels, value in nic_samples(snap.nics or (), detail="nic-detail" in f.details):
         f.add(metric, labels, value)
+    index = {st.info.uuid: str(st.info.index) for st in snap.gpus}
+    for uuid, nic, path in snap.nic_affinity:
+        if uuid in index:
+            f.add(M.NIC_AFFINITY, [index[uuid], uuid, nic, path], 1)
     # a family without samples is a quantity nobody here supports: leave it out entirely
     families: list[Metric] = [fam for fam in f.values() if fam.samples]
     if owner_labels:

@@ -25,7 +25,7 @@ from gpumon.gpu.snapshot import CollectorStatus, ErrorKey, GpuStatus, Snapshot
 from gpumon.gpu.types import BackendUnavailable, DeviceDown, DriverInfo, ReadResult, Support
 from gpumon.gpu.worker import GpuWorker
 from gpumon.host import HostReading, HostSampler
-from gpumon.net.rdma import RdmaPort
+from gpumon.net.rdma import Near, NicReader, RdmaPort
 
 log = logging.getLogger("gpumon.sampler")
 
@@ -103,7 +103,7 @@ class Sampler:
         self.clock = clock  # schedules backoff and rediscovery; tests pass a manual clock
         self.events = events  # the NVML event watcher, started and stopped with sampling
         self.attributor = attributor  # who owns each GPU process
-        self.nics: Callable[[], tuple[RdmaPort, ...]] | None = None  # the RDMA ports' reader (gpumon/net)
+        self.nics: NicReader | None = None  # the RDMA ports' reader (gpumon/net)
         self._done = threading.Condition()
         self._workers: list[GpuWorker] = []
         self._health: dict[str, _GpuHealth] = {}
@@ -313,7 +313,7 @@ class Sampler:
                 asked.append(w)
 
         host, host_status = self._read_host()
-        nics, nic_status = self._read_nics()
+        nics, nearest, nic_status = self._read_nics(workers)
         done = self._collect(asked, workers, seq, deadline, events)
         gpu_elapsed = time.monotonic() - started
         statuses = tuple(done.get(id(w)) or self._status(w, seq, w in asked, events) for w in workers)
@@ -342,6 +342,7 @@ class Sampler:
             events=events,
             owners=owners,
             nics=nics,
+            nic_affinity=nearest,
         )
         return self._publish(snap)
 
@@ -512,21 +513,25 @@ class Sampler:
             return None, CollectorStatus("host", False, time.monotonic() - t0)
         return reading, CollectorStatus("host", True, time.monotonic() - t0)
 
-    def _read_nics(self) -> tuple[tuple[RdmaPort, ...] | None, CollectorStatus | None]:
-        """The RDMA ports, read beside the GPUs (sysfs files: no NVML, no lock). A file that did not parse
-        costs its quantity and is counted; an exception (a sysfs no kernel writes) costs the sweep's."""
+    def _read_nics(
+        self, workers: Sequence[GpuWorker]
+    ) -> tuple[tuple[RdmaPort, ...] | None, tuple[Near, ...], CollectorStatus | None]:
+        """The RDMA ports and each GPU's nearest, read beside the GPUs (sysfs files: no NVML, no lock). A
+        file that did not parse costs its quantity and is counted; an exception (a sysfs no kernel writes)
+        costs the sweep's."""
         if self.nics is None:
-            return None, None
+            return None, (), None
         t0 = time.monotonic()
+        gpus = [(w.device.info.uuid, w.device.info.pci_bus_id) for w in workers]
         try:
-            ports = self.nics()
+            ports, nearest = self.nics.read(gpus)
         except Exception as exc:
             self._count(("", "", "sysfs_infiniband", type(exc).__name__), str(exc))
-            return None, CollectorStatus("nic", False, time.monotonic() - t0)
+            return None, (), CollectorStatus("nic", False, time.monotonic() - t0)
         for p in ports:
             for name in p.read_errors:
                 self._count(("", "", "sysfs_infiniband", "unparsable"), f"{p.device}/{name}")
-        return ports, CollectorStatus("nic", True, time.monotonic() - t0)
+        return ports, nearest, CollectorStatus("nic", True, time.monotonic() - t0)
 
     def _status(self, w: GpuWorker, seq: int, asked: bool, events: EventsView | None) -> GpuStatus:
         dev = w.device

@@ -11,7 +11,7 @@ from gpumon.gpu.attribution.ownership import OWNER_LABELS, GpuOwnership
 from gpumon.gpu.events import EventsView
 from gpumon.gpu.types import DriverInfo, GpuInfo, GpuReading
 from gpumon.host import HostReading
-from gpumon.net.rdma import RdmaPort
+from gpumon.net.rdma import Near, RdmaPort
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +51,7 @@ class Snapshot:
     events: EventsView | None = None  # None when the event watcher is off
     owners: Mapping[str, GpuOwnership] | None = None  # uuid → processes' owners; None: attribution off
     nics: tuple[RdmaPort, ...] | None = None  # the node's RDMA ports (gpumon/net); None: --no-nics
+    nic_affinity: tuple[Near, ...] = ()  # (GPU uuid, its nearest RDMA device, the PCI path between them)
 
 
 def snapshot_json(snap: Snapshot) -> dict[str, Any]:
@@ -81,6 +82,7 @@ def snapshot_json(snap: Snapshot) -> dict[str, Any]:
         "events": _events_json(snap),
         "host": None if snap.host is None else asdict(snap.host),
         "nics": None if snap.nics is None else [asdict(p) for p in snap.nics],
+        "nic_affinity": [{"uuid": u, "nic": n, "path": p} for u, n, p in snap.nic_affinity],
         "errors": [
             {"gpu": gpu, "uuid": uuid, "op": op, "error": kind, "count": count}
             for (gpu, uuid, op, kind), count in sorted(snap.errors.items())

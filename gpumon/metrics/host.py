@@ -102,3 +102,12 @@ NIC_HW = metric(
     source=f"{NIC_SOURCE} hw_counters",
     detail="nic-detail",
 )
+NIC_AFFINITY = metric(
+    "gpumon_gpu_nic_affinity_info",
+    "gauge",
+    "The RDMA NIC nearest the GPU in the PCI tree, and the path between them as nvidia-smi topo -m names it: "
+    "PIX (one PCIe switch), PXB (several), PHB (the CPU's host bridge), NODE (host bridges of one NUMA "
+    "node), SYS (across the socket link).",
+    ("gpu", "uuid", "device", "path"),
+    source="/sys/bus/pci/devices",
+)

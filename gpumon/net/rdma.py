@@ -16,7 +16,10 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+
+from gpumon.net.affinity import nearest, normalise
 
 # the error counters an operator acts on, as the kernel names them (the default exposition's set)
 ERRORS = (
@@ -193,3 +196,30 @@ def read_ports(sysfs: str = "/sys", *, detail: bool = False) -> tuple[RdmaPort, 
             if read is not None:
                 out.append(read)
     return tuple(out)
+
+
+Near = tuple[str, str, str]  # a GPU's uuid, its nearest RDMA device, the path between them (affinity.PATHS)
+
+
+class NicReader:
+    """What the sampler asks each sweep: the RDMA ports under ``sysfs``, and each GPU's nearest NIC
+    (gpumon/net/affinity.py), worked out again only when the GPUs or the adapters change."""
+
+    def __init__(self, sysfs: str = "/sys", *, detail: bool = False) -> None:
+        self.sysfs = sysfs
+        self.detail = detail
+        self._key: tuple[object, ...] | None = None
+        self._nearest: tuple[Near, ...] = ()
+
+    def read(self, gpus: Sequence[tuple[str, str]] = ()) -> tuple[tuple[RdmaPort, ...], tuple[Near, ...]]:
+        """The ports, and (GPU uuid, nearest RDMA device, path) for each GPU sysfs places; ``gpus``: each
+        GPU's uuid and NVML bus id."""
+        ports = read_ports(self.sysfs, detail=self.detail)
+        adapters = {p.device: p.pci_bus_id for p in ports if p.pci_bus_id}
+        key = (tuple(gpus), tuple(sorted(adapters.items())))
+        if key != self._key:
+            uuid = {normalise(bus): u for u, bus in gpus}
+            found = nearest(self.sysfs, [bus for _, bus in gpus], adapters)
+            self._nearest = tuple((uuid[normalise(n.gpu)], n.nic, n.path) for n in found)
+            self._key = key
+        return ports, self._nearest

@@ -101,6 +101,7 @@ def pinned(snap):
         events=events,
         # a captured host's RDMA ports (tests/fixtures/sysfs), all the detail read: nic-detail decides
         nics=read_ports(str(ROOT / "tests" / "fixtures" / "sysfs" / "procfs"), detail=True),
+        nic_affinity=((u0, "mlx5_0", "PIX"),),
     )
 
 

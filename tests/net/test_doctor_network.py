@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 
 from support.helpers import ROOT, run_gpumon
+from support.soak import parse
 from test_affinity import device
 
 CAPTURED = ROOT / "tests" / "fixtures" / "sysfs" / "procfs" / "class" / "infiniband" / "mlx5_0"
@@ -57,3 +58,18 @@ def test_doctor_json_carries_the_network_and_the_peer_memory_module(tmp_path: Pa
 def test_doctor_without_rdma_nics_says_nothing_of_them() -> None:
     out = run_gpumon("doctor", "--simulate", "1xH100-SXM")
     assert out.returncode == 0 and "NIC " not in out.stdout and "GPUDirect" not in out.stdout
+
+
+def test_each_gpus_nearest_nic_is_an_info_series(tmp_path: Path, daemon) -> None:
+    sysfs = node(tmp_path / "sys")
+    d = daemon("--simulate", "2xH100-SXM", "--sys-root", str(sysfs))
+    got = {
+        (dict(lb)["gpu"], dict(lb)["device"], dict(lb)["path"])
+        for (name, lb), v in parse(d.get("/metrics").text).items()
+        if name == "gpumon_gpu_nic_affinity_info" and v == 1
+    }
+    assert got == {("0", "mlx5_0", "PIX"), ("1", "mlx5_0", "SYS")}
+    assert [(n["nic"], n["path"]) for n in d.get("/v1/gpus").json()["nic_affinity"]] == [
+        ("mlx5_0", "PIX"),
+        ("mlx5_0", "SYS"),
+    ]

@@ -14,7 +14,7 @@ from support.soak import parse, value
 from gpumon.gpu.nvml import NvmlBackend
 from gpumon.gpu.sampler import Sampler
 from gpumon.gpu.sim import SimNvml
-from gpumon.net.rdma import read_ports
+from gpumon.net.rdma import NicReader
 
 PROCFS = ROOT / "tests" / "fixtures" / "sysfs" / "procfs"
 
@@ -69,7 +69,7 @@ def test_an_unparsable_file_is_counted_and_costs_only_its_quantity(tmp_path: Pat
     shutil.copytree(PROCFS / "class" / "infiniband" / "mlx5_0", root / "class" / "infiniband" / "mlx5_0")
     (root / "class/infiniband/mlx5_0/ports/1/counters/port_rcv_data").write_text("lots\n")
     sampler = Sampler(NvmlBackend(SimNvml("1xH100-SXM", static=True)), timeout=1.0)
-    sampler.nics = lambda: read_ports(str(root))
+    sampler.nics = NicReader(str(root))
     sampler.open()
     try:
         for _ in range(2):
@@ -83,11 +83,12 @@ def test_an_unparsable_file_is_counted_and_costs_only_its_quantity(tmp_path: Pat
 
 
 def test_a_reader_that_raises_fails_the_nic_collector_only() -> None:
-    def broken() -> tuple[()]:
-        raise OSError("sysfs went away")
+    class Broken(NicReader):
+        def read(self, gpus: object = ()) -> tuple[()]:  # type: ignore[override]
+            raise OSError("sysfs went away")
 
     sampler = Sampler(NvmlBackend(SimNvml("1xH100-SXM", static=True)), timeout=1.0)
-    sampler.nics = broken
+    sampler.nics = Broken()
     sampler.open()
     try:
         snap = sampler.sweep()
