@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -79,13 +80,29 @@ class RdmaPort:
         return self.state == "ACTIVE"
 
 
+class _NotSysfs(str):
+    """What a file that no kernel writes reads as (a FIFO, a device, a directory): counted, never parsed."""
+
+
+NOT_SYSFS = _NotSysfs("")
+
+
 def _text(path: str) -> str | None:
-    """The file's first line, or None where it is missing, unreadable or gone."""
+    """The file's first line; None where it is missing, unreadable or gone; NOT_SYSFS where it is no
+    regular file. Opened without blocking and read up to MAX_VALUE_BYTES: --sys-root may name any tree, and
+    a FIFO in it must not hang the sweep."""
     try:
-        with open(path, "rb") as f:
-            raw = f.read(MAX_VALUE_BYTES)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
         return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return NOT_SYSFS
+        raw = os.read(fd, MAX_VALUE_BYTES)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
     return raw.decode("ascii", "replace").strip().split("\n", 1)[0].strip()
 
 

@@ -149,3 +149,15 @@ def test_a_tree_with_thousands_of_ports_is_cut_at_max_ports(tmp_path: Path) -> N
             (port / "state").write_text("4: ACTIVE\n")
     ports = read_ports(str(tmp_path))
     assert len(ports) == MAX_PORTS and ports[0].device == "dev00" and ports[1].port == 2
+
+
+def test_a_fifo_where_sysfs_has_a_file_never_blocks_the_read(tmp_path: Path) -> None:
+    """--sys-root may name any tree: opening a FIFO for reading would wait for a writer forever."""
+    root = hostile(tmp_path)
+    port = root / "class/infiniband/mlx5_0/ports/1"
+    for name in ("counters/port_rcv_data", "state"):
+        (port / name).unlink()
+        os.mkfifo(port / name)
+    (read,) = read_ports(str(root))  # returns: the test would hang otherwise
+    assert read.receive_bytes is None and read.state is None and read.transmit_bytes is not None
+    assert "ports/1/counters/port_rcv_data" in read.read_errors
