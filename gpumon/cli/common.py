@@ -23,7 +23,7 @@ from gpumon.gpu.sampler import Sampler
 from gpumon.gpu.sim import SimNvml
 from gpumon.gpu.types import BackendUnavailable
 from gpumon.metrics.registry import DETAILS
-from gpumon.net.rdma import NicReader
+from gpumon.net.reader import READ_EVERY, NicReader
 
 log = logging.getLogger("gpumon")
 
@@ -276,7 +276,9 @@ def open_sampler(settings: Settings, command: str, *, wait: bool = False, wrap: 
         real = backend.name == "nvml" or settings.sys_root is not None
         if settings.nics and real:
             root = settings.sys_root or "/sys"
-            sampler.nics = NicReader(root, detail="nic-detail" in backend.details)
+            # the daemon reads them on a thread of their own (net/reader.py); a one-off command in line
+            every = READ_EVERY if command == "serve" else None
+            sampler.nics = NicReader(root, detail="nic-detail" in backend.details, every=every)
         sampler.open(wait=wait)
         return sampler
 

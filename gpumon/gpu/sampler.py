@@ -25,7 +25,8 @@ from gpumon.gpu.snapshot import CollectorStatus, ErrorKey, GpuStatus, Snapshot
 from gpumon.gpu.types import BackendUnavailable, DeviceDown, DriverInfo, ReadResult, Support
 from gpumon.gpu.worker import GpuWorker
 from gpumon.host import HostReading, HostSampler
-from gpumon.net.rdma import Near, NicReader, RdmaPort
+from gpumon.net.rdma import RdmaPort
+from gpumon.net.reader import Near, NicReader
 
 log = logging.getLogger("gpumon.sampler")
 
@@ -104,6 +105,7 @@ class Sampler:
         self.events = events  # the NVML event watcher, started and stopped with sampling
         self.attributor = attributor  # who owns each GPU process
         self.nics: NicReader | None = None  # the RDMA ports' reader (gpumon/net)
+        self._nic_seq = 0  # the NIC reading whose read errors were counted
         self._done = threading.Condition()
         self._workers: list[GpuWorker] = []
         self._health: dict[str, _GpuHealth] = {}
@@ -210,6 +212,8 @@ class Sampler:
             self._thread.join(timeout=self.interval + self.timeout + 1.0)
         if self.events is not None:
             self.events.stop()
+        if self.nics is not None:
+            self.nics.stop()
         for w in self._workers:
             w.stop()
         for w in self._workers:
@@ -516,22 +520,20 @@ class Sampler:
     def _read_nics(
         self, workers: Sequence[GpuWorker]
     ) -> tuple[tuple[RdmaPort, ...] | None, tuple[Near, ...], CollectorStatus | None]:
-        """The RDMA ports and each GPU's nearest, read beside the GPUs (sysfs files: no NVML, no lock). A
-        file that did not parse costs its quantity and is counted; an exception (a sysfs no kernel writes)
-        costs the sweep's."""
+        """The latest reading of the RDMA ports and each GPU's nearest (net/reader.py: read on a thread of
+        their own in the daemon). A file that did not parse costs its quantity and is counted once per
+        reading; a reading that raised, is stuck or is too old fails the nic collector only."""
         if self.nics is None:
             return None, (), None
-        t0 = time.monotonic()
-        gpus = [(w.device.info.uuid, w.device.info.pci_bus_id) for w in workers]
-        try:
-            ports, nearest = self.nics.read(gpus)
-        except Exception as exc:
-            self._count(("", "", "sysfs_infiniband", type(exc).__name__), str(exc))
-            return None, (), CollectorStatus("nic", False, time.monotonic() - t0)
-        for p in ports:
-            for name in p.read_errors:
-                self._count(("", "", "sysfs_infiniband", "unparsable"), f"{p.device}/{name}")
-        return ports, nearest, CollectorStatus("nic", True, time.monotonic() - t0)
+        r = self.nics.read([(w.device.info.uuid, w.device.info.pci_bus_id) for w in workers])
+        if r.seq != self._nic_seq:
+            self._nic_seq = r.seq
+            if r.error is not None:
+                self._count(("", "", "sysfs_infiniband", type(r.error).__name__), str(r.error))
+            for p in r.ports or ():
+                for name in p.read_errors:
+                    self._count(("", "", "sysfs_infiniband", "unparsable"), f"{p.device}/{name}")
+        return r.ports, r.nearest, CollectorStatus("nic", r.ok, r.duration_seconds)
 
     def _status(self, w: GpuWorker, seq: int, asked: bool, events: EventsView | None) -> GpuStatus:
         dev = w.device

@@ -11,7 +11,8 @@ from gpumon.gpu.attribution.ownership import OWNER_LABELS, GpuOwnership
 from gpumon.gpu.events import EventsView
 from gpumon.gpu.types import DriverInfo, GpuInfo, GpuReading
 from gpumon.host import HostReading
-from gpumon.net.rdma import Near, RdmaPort
+from gpumon.net.rdma import RdmaPort
+from gpumon.net.reader import Near
 
 
 @dataclass(frozen=True, slots=True)

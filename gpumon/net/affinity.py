@@ -96,9 +96,9 @@ class Nearest:
 
 
 def nearest(sysfs: str, gpus: list[str], nics: dict[str, str]) -> list[Nearest]:
-    """For each GPU bus id, the nearest of ``nics`` (RDMA device → its PCI address), ties to the first by
-    name; GPUs or NICs sysfs does not place are left out."""
-    placed = {name: p for name, bus in sorted(nics.items()) if (p := place(sysfs, bus)) is not None}
+    """For each GPU bus id, the nearest of ``nics`` (RDMA device → its PCI address), ties to the first in
+    ``nics``' order; GPUs or NICs sysfs does not place are left out."""
+    placed = {name: p for name, bus in nics.items() if (p := place(sysfs, bus)) is not None}
     out = []
     for gpu in gpus:
         g = place(sysfs, gpu)

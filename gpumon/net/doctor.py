@@ -8,6 +8,7 @@ from typing import Any
 
 from gpumon.net.affinity import NEAR, nearest, normalise, peermem
 from gpumon.net.rdma import RdmaPort
+from gpumon.net.reader import candidates
 
 
 @dataclass
@@ -37,7 +38,7 @@ def report(sysfs: str, gpus: list[tuple[int, str]], ports: tuple[RdmaPort, ...] 
         }
         for p in ports
     ]
-    adapters = {p.device: p.pci_bus_id for p in ports if p.pci_bus_id}
+    adapters = candidates(ports)
     index = {normalise(bus): i for i, bus in gpus}
     found = nearest(sysfs, [bus for _, bus in gpus], adapters)
     r.nearest = [{"gpu": index[normalise(n.gpu)], "nic": n.nic, "path": n.path} for n in found]
@@ -49,7 +50,7 @@ def report(sysfs: str, gpus: list[tuple[int, str]], ports: tuple[RdmaPort, ...] 
             "(SYS): its traffic to other nodes crosses the CPUs' interconnect. Place a NIC on that socket, "
             "or keep those GPUs out of multi-node jobs."
         )
-    down = sorted({f"{p.device}/{p.port}" for p in ports if not p.up})
+    down = sorted({f"{p.device}/{p.port}" for p in ports if p.up is False})
     if down:
         r.advice.append(f"RDMA port {', '.join(down)} is not ACTIVE: check its cable and `ibstat`.")
     if r.nearest and r.peermem is None and any(n["path"] in NEAR for n in r.nearest):

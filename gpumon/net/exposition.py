@@ -19,7 +19,8 @@ def nic_samples(ports: tuple[RdmaPort, ...], *, detail: bool = False) -> Iterato
         key = [p.device, str(p.port)]
         info = [p.link_layer or "", p.pci_bus_id or "", p.board_id or "", p.fw_ver or ""]
         yield M.NIC_INFO, key + info, 1.0
-        yield M.NIC_UP, key, 1.0 if p.up else 0.0
+        if p.up is not None:
+            yield M.NIC_UP, key, 1.0 if p.up else 0.0
         for metric, value in (
             (M.NIC_SPEED, p.rate_bytes_per_second),
             (M.NIC_RX, p.receive_bytes),

@@ -17,10 +17,7 @@ from __future__ import annotations
 import os
 import re
 import stat
-from collections.abc import Sequence
 from dataclasses import dataclass, field
-
-from gpumon.net.affinity import nearest, normalise
 
 # the error counters an operator acts on, as the kernel names them (the default exposition's set)
 ERRORS = (
@@ -76,8 +73,9 @@ class RdmaPort:
     read_errors: tuple[str, ...] = ()  # files whose content did not parse, relative to the device
 
     @property
-    def up(self) -> bool:
-        return self.state == "ACTIVE"
+    def up(self) -> bool | None:
+        """Whether the port is ACTIVE; None where its state could not be read (unknown, not down)."""
+        return None if self.state is None else self.state == "ACTIVE"
 
 
 class _NotSysfs(str):
@@ -157,8 +155,13 @@ def read_port(device_dir: str, device: str, port: int, *, detail: bool = False) 
         return _count(os.path.join(counters, name), bad, f"ports/{port}/counters/{name}")
 
     def extended(name: str, scale: int = 1) -> int | None:
-        value = _count(os.path.join(ext, f"{name}_64"), bad, f"ports/{port}/counters_ext/{name}_64")
-        if value is None:
+        # one source per counter, chosen by which file exists, never by what it reads this time: a read
+        # that fails once ("N/A (no PMA)" when a query times out) must not switch a 64-bit series to the
+        # 32-bit one for a sweep, which Prometheus would take for a reset and a huge rise
+        wide = os.path.join(ext, f"{name}_64")
+        if os.path.exists(wide):
+            value = _count(wide, bad, f"ports/{port}/counters_ext/{name}_64")
+        else:
             value = counter(name)
         return None if value is None else value * scale
 
@@ -172,7 +175,7 @@ def read_port(device_dir: str, device: str, port: int, *, detail: bool = False) 
             for n in HW_COUNTERS
             if (v := _count(os.path.join(hwdir, n), bad, f"ports/{port}/hw_counters/{n}")) is not None
         }
-    return RdmaPort(
+    read = RdmaPort(
         device=device,
         port=port,
         link_layer=_text(os.path.join(base, "link_layer")) or None,
@@ -190,10 +193,18 @@ def read_port(device_dir: str, device: str, port: int, *, detail: bool = False) 
         fw_ver=_text(os.path.join(device_dir, "fw_ver")) or None,
         read_errors=tuple(bad),
     )
+    return read if os.path.isdir(base) else None  # gone while it was read: nothing of it is trustworthy
 
 
 # a node has a handful of adapters; a tree with thousands (a hostile or broken sysfs) is cut here
 MAX_PORTS = 64
+_PORT = re.compile(r"[0-9]{1,3}")  # ASCII digits only: "²" is a digit to str.isdigit, not to int()
+
+
+def label(name: str) -> str:
+    """A directory name as a label value: root may rename an RDMA device to any bytes, and an undecodable
+    one (a surrogate, as os.listdir returns it) would make every exposition and JSON document fail."""
+    return os.fsencode(name).decode("utf-8", "replace")
 
 
 def read_ports(sysfs: str = "/sys", *, detail: bool = False) -> tuple[RdmaPort, ...]:
@@ -201,42 +212,13 @@ def read_ports(sysfs: str = "/sys", *, detail: bool = False) -> tuple[RdmaPort, 
     MAX_PORTS). No devices (no RDMA driver loaded): an empty tuple."""
     root = os.path.join(sysfs, "class", "infiniband")
     out: list[RdmaPort] = []
-    for device in _listdir(root):
-        device_dir = os.path.join(root, device)
-        ports = sorted(
-            int(p) for p in _listdir(os.path.join(device_dir, "ports")) if p.isdigit() and len(p) < 4
-        )
+    for entry in _listdir(root):
+        device_dir = os.path.join(root, entry)
+        ports = sorted(int(p) for p in _listdir(os.path.join(device_dir, "ports")) if _PORT.fullmatch(p))
         for port in ports:
             if len(out) >= MAX_PORTS:
                 return tuple(out)
-            read = read_port(device_dir, device, port, detail=detail)
+            read = read_port(device_dir, label(entry), port, detail=detail)
             if read is not None:
                 out.append(read)
     return tuple(out)
-
-
-Near = tuple[str, str, str]  # a GPU's uuid, its nearest RDMA device, the path between them (affinity.PATHS)
-
-
-class NicReader:
-    """What the sampler asks each sweep: the RDMA ports under ``sysfs``, and each GPU's nearest NIC
-    (gpumon/net/affinity.py), worked out again only when the GPUs or the adapters change."""
-
-    def __init__(self, sysfs: str = "/sys", *, detail: bool = False) -> None:
-        self.sysfs = sysfs
-        self.detail = detail
-        self._key: tuple[object, ...] | None = None
-        self._nearest: tuple[Near, ...] = ()
-
-    def read(self, gpus: Sequence[tuple[str, str]] = ()) -> tuple[tuple[RdmaPort, ...], tuple[Near, ...]]:
-        """The ports, and (GPU uuid, nearest RDMA device, path) for each GPU sysfs places; ``gpus``: each
-        GPU's uuid and NVML bus id."""
-        ports = read_ports(self.sysfs, detail=self.detail)
-        adapters = {p.device: p.pci_bus_id for p in ports if p.pci_bus_id}
-        key = (tuple(gpus), tuple(sorted(adapters.items())))
-        if key != self._key:
-            uuid = {normalise(bus): u for u, bus in gpus}
-            found = nearest(self.sysfs, [bus for _, bus in gpus], adapters)
-            self._nearest = tuple((uuid[normalise(n.gpu)], n.nic, n.path) for n in found)
-            self._key = key
-        return ports, self._nearest

@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 
 from gpumon.net.affinity import nearest, normalise, path, peermem, place
+from gpumon.net.rdma import RdmaPort
+from gpumon.net.reader import candidates
 
 
 def device(sysfs: Path, chain: list[str], numa: int = -1) -> str:
@@ -100,3 +102,20 @@ def test_gpudirect_rdma_needs_the_peer_memory_module(tmp_path: Path) -> None:
     assert peermem(str(tmp_path)) is None
     (tmp_path / "module" / "nvidia_peermem").mkdir(parents=True)
     assert peermem(str(tmp_path)) == "nvidia_peermem"
+
+
+def test_among_equally_near_nics_an_active_one_then_the_first_as_a_person_counts(tmp_path: Path) -> None:
+    rc, rp, usp = "pci0000:17", "0000:17:01.0", "0000:18:00.0"
+    gpu = device(tmp_path, [rc, rp, usp, "0000:19:00.0", "0000:1a:00.0"])
+    buses = {
+        name: device(tmp_path, [rc, rp, usp, f"0000:19:0{i + 1}.0", f"0000:2{i}:00.0"])
+        for i, name in enumerate(("mlx5_10", "mlx5_2", "mlx5_3"))
+    }
+
+    def port(name: str, state: str) -> RdmaPort:
+        return RdmaPort(name, 1, "InfiniBand", state, "LinkUp", 5e10, 0, 0, 0, 0, pci_bus_id=buses[name])
+
+    ports = (port("mlx5_10", "ACTIVE"), port("mlx5_2", "DOWN"), port("mlx5_3", "ACTIVE"))
+    assert list(candidates(ports)) == ["mlx5_3", "mlx5_10", "mlx5_2"]
+    (found,) = nearest(str(tmp_path), [gpu], candidates(ports))
+    assert (found.nic, found.path) == ("mlx5_3", "PIX")

@@ -10,6 +10,7 @@ from pathlib import Path
 from support.helpers import ROOT, run_gpumon
 from support.soak import parse
 from test_affinity import device
+from test_nic_exposition import served
 
 CAPTURED = ROOT / "tests" / "fixtures" / "sysfs" / "procfs" / "class" / "infiniband" / "mlx5_0"
 
@@ -65,7 +66,7 @@ def test_each_gpus_nearest_nic_is_an_info_series(tmp_path: Path, daemon) -> None
     d = daemon("--simulate", "2xH100-SXM", "--sys-root", str(sysfs))
     got = {
         (dict(lb)["gpu"], dict(lb)["device"], dict(lb)["path"])
-        for (name, lb), v in parse(d.get("/metrics").text).items()
+        for (name, lb), v in parse(served(d)).items()
         if name == "gpumon_gpu_nic_affinity_info" and v == 1
     }
     assert got == {("0", "mlx5_0", "PIX"), ("1", "mlx5_0", "SYS")}
@@ -73,3 +74,16 @@ def test_each_gpus_nearest_nic_is_an_info_series(tmp_path: Path, daemon) -> None
         ("mlx5_0", "PIX"),
         ("mlx5_0", "SYS"),
     ]
+
+
+def test_doctor_prints_sysfs_strings_on_one_line_without_terminal_escapes() -> None:
+    """Root may name an RDMA device anything; a newline would forge a report line."""
+    from gpumon.cli.doctor import _network
+    from gpumon.gpu.doctor import Report
+    from gpumon.net.doctor import NetReport
+
+    port = {"device": "evil\n[ok] x\x1b[31m", "port": 1, "link_layer": "Infini\rBand", "state": "ACTIVE"}
+    net = NetReport(ports=[{**port, "rate_bytes_per_second": 5e10, "pci_bus_id": None}])
+    lines = _network(Report("nvml", {}, 0, [], [], {}, 0, network=net))
+    assert lines[0] == "NIC evil\\n[ok] x\\x1b[31m/1: Infini\\rBand  400 Gb/s  ACTIVE", lines
+    assert all("\n" not in line and "\x1b" not in line for line in lines)

@@ -5,23 +5,37 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 from support.helpers import ROOT, Daemon, require_tool
+from support.poll import poll
 from support.soak import parse, value
 
 from gpumon.gpu.nvml import NvmlBackend
 from gpumon.gpu.sampler import Sampler
 from gpumon.gpu.sim import SimNvml
-from gpumon.net.rdma import NicReader
+from gpumon.net import reader
+from gpumon.net.reader import NicReader
 
 PROCFS = ROOT / "tests" / "fixtures" / "sysfs" / "procfs"
 
 
+def served(d: Daemon) -> str:
+    """/metrics once the NIC reader's first reading is in (it reads on its own thread in the daemon)."""
+
+    def ready() -> str | None:
+        text = d.get("/metrics").text
+        return text if "gpumon_nic_up{" in text else None
+
+    return poll(ready, 15, "the NICs' first reading")
+
+
 def test_a_daemon_serves_each_rdma_port_of_the_tree_it_reads(daemon: Callable[..., Daemon]) -> None:
     d = daemon("--simulate", "1xH100-SXM", "--sys-root", str(PROCFS))
-    body = d.get("/metrics").text
+    body = served(d)
     got = parse(body)
     mlx5 = {"device": "mlx5_0", "port": "1"}
     assert value(got, "gpumon_nic_receive_bytes_total", **mlx5) == 72_505_381_512
@@ -45,7 +59,7 @@ def test_a_daemon_serves_each_rdma_port_of_the_tree_it_reads(daemon: Callable[..
 
 def test_nic_detail_adds_packets_and_the_adapters_own_counters(daemon: Callable[..., Daemon]) -> None:
     d = daemon("--simulate", "1xH100-SXM", "--sys-root", str(PROCFS), "--collect", "nic-detail")
-    got = parse(d.get("/metrics").text)
+    got = parse(served(d))
     mlx5 = {"device": "mlx5_0", "port": "1"}
     assert value(got, "gpumon_nic_receive_packets_total", **mlx5) is not None
     assert value(got, "gpumon_nic_hw_events_total", counter="out_of_sequence", **mlx5) is not None
@@ -82,13 +96,13 @@ def test_an_unparsable_file_is_counted_and_costs_only_its_quantity(tmp_path: Pat
     assert {c.name: c.success for c in snap.collectors}["nic"] is True
 
 
-def test_a_reader_that_raises_fails_the_nic_collector_only() -> None:
-    class Broken(NicReader):
-        def read(self, gpus: object = ()) -> tuple[()]:  # type: ignore[override]
-            raise OSError("sysfs went away")
+def test_a_reader_that_raises_fails_the_nic_collector_only(monkeypatch) -> None:
+    def broken(*args: object, **kw: object) -> tuple[()]:
+        raise OSError("sysfs went away")
 
+    monkeypatch.setattr(reader, "read_ports", broken)
     sampler = Sampler(NvmlBackend(SimNvml("1xH100-SXM", static=True)), timeout=1.0)
-    sampler.nics = Broken()
+    sampler.nics = NicReader()
     sampler.open()
     try:
         snap = sampler.sweep()
@@ -97,3 +111,30 @@ def test_a_reader_that_raises_fails_the_nic_collector_only() -> None:
     status = {c.name: c.success for c in snap.collectors}
     assert status["nic"] is False and status["gpu"] is True and snap.nics is None
     assert snap.errors[("", "", "sysfs_infiniband", "OSError")] == 1
+
+
+def test_in_the_daemon_a_read_that_hangs_costs_the_nic_series_not_the_sweep(monkeypatch) -> None:
+    """A real adapter answers each file with a firmware command, which can take a minute to time out: the
+    daemon reads on a thread of the reader's own, and a read stuck past STUCK_AFTER fails the collector."""
+    release = threading.Event()
+
+    def hung(*args: object, **kw: object) -> tuple[()]:
+        release.wait(10)
+        return ()
+
+    now = [100.0]
+    monkeypatch.setattr(reader, "read_ports", hung)
+    nics = NicReader(every=5.0, clock=lambda: now[0])
+    sampler = Sampler(NvmlBackend(SimNvml("1xH100-SXM", static=True)), timeout=1.0)
+    sampler.nics = nics
+    sampler.open()
+    try:
+        t0 = time.monotonic()
+        snap = sampler.sweep()  # the reader's thread is inside its first read
+        assert time.monotonic() - t0 < 5.0 and snap.gpus[0].up
+        assert {c.name: c.success for c in snap.collectors}["nic"] is True and snap.nics is None
+        now[0] += reader.STUCK_AFTER + 1
+        assert {c.name: c.success for c in sampler.sweep().collectors}["nic"] is False
+    finally:
+        release.set()
+        sampler.stop()

@@ -118,7 +118,7 @@ def test_a_port_or_a_file_that_is_not_what_sysfs_has_is_skipped(tmp_path: Path) 
     (device / "ports/99999").mkdir()  # no such port number
     (device / "device").symlink_to(device / "device")  # a loop
     (port,) = read_ports(str(root))
-    assert (port.state, port.up, port.pci_bus_id) == (None, False, None)
+    assert (port.state, port.up, port.pci_bus_id) == (None, None, None)  # unknown, not down
 
 
 def test_a_device_that_vanishes_mid_read_is_skipped_for_that_read(tmp_path: Path) -> None:
@@ -161,3 +161,31 @@ def test_a_fifo_where_sysfs_has_a_file_never_blocks_the_read(tmp_path: Path) -> 
     (read,) = read_ports(str(root))  # returns: the test would hang otherwise
     assert read.receive_bytes is None and read.state is None and read.transmit_bytes is not None
     assert "ports/1/counters/port_rcv_data" in read.read_errors
+
+
+def test_names_no_kernel_would_write_are_made_safe_or_skipped(tmp_path: Path) -> None:
+    """Root may rename an RDMA device to any bytes: an undecodable name becomes a valid label value, and a
+    port directory named with a digit int() refuses ("²") is no port."""
+    root = hostile(tmp_path)
+    infiniband = root / "class" / "infiniband"
+    os.rename(infiniband / "mlx5_0", os.path.join(os.fsencode(infiniband), b"mlx5_\xff"))
+    (
+        infiniband / "mlx5_\udcff".encode("utf-8", "surrogateescape").decode("utf-8", "surrogateescape")
+    ).exists()
+    (Path(os.fsdecode(os.path.join(os.fsencode(infiniband), b"mlx5_\xff"))) / "ports" / "\u00b2").mkdir()
+    (port,) = read_ports(str(root))
+    assert port.device == "mlx5_\ufffd" and port.port == 1
+    port.device.encode("utf-8")  # what the exposition does with it
+
+
+def test_a_64_bit_counter_never_falls_back_to_the_32_bit_one(tmp_path: Path) -> None:
+    """A failed read of counters_ext/*_64 ("N/A" when a query times out) leaves the quantity absent for that
+    sweep; a fallback to the saturated 32-bit counter would look like a reset and a petabyte rise."""
+    root = tmp_path / "sys"
+    shutil.copytree(
+        FIXTURES / "node_exporter" / "class" / "infiniband" / "mlx4_0", root / "class/infiniband/mlx4_0"
+    )
+    ext = root / "class/infiniband/mlx4_0/ports/1/counters_ext/port_rcv_data_64"
+    ext.write_text("N/A (no PMA)\n")
+    port = by_name(read_ports(str(root)))[("mlx4_0", 1)]
+    assert port.receive_bytes is None
