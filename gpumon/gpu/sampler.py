@@ -27,6 +27,7 @@ from gpumon.gpu.worker import GpuWorker
 from gpumon.host import HostReading, HostSampler
 from gpumon.net.rdma import RdmaPort
 from gpumon.net.reader import Near, NicReader
+from gpumon.ranges import runs
 
 log = logging.getLogger("gpumon.sampler")
 
@@ -49,14 +50,7 @@ ABSENT = {Support.NOT_SUPPORTED.value: "not supported", Support.NO_PERMISSION.va
 
 def gpu_ranges(indices: Sequence[int]) -> str:
     """``GPU 3``, ``GPUs 0-7`` or ``GPUs 0-2, 5``: GPU indices as runs."""
-    runs: list[list[int]] = []
-    for i in sorted(set(indices)):
-        if runs and i == runs[-1][1] + 1:
-            runs[-1][1] = i
-        else:
-            runs.append([i, i])
-    text = ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
-    return f"GPUs {text}" if len(set(indices)) > 1 else f"GPU {text}"
+    return f"{'GPUs' if len(set(indices)) > 1 else 'GPU'} {runs(indices, ', ')}"
 
 
 def _pids(st: GpuStatus) -> tuple[int, ...] | None:

@@ -22,6 +22,7 @@ from gpumon.jobs.series.families import RowFamily
 from gpumon.jobs.series.jobsteps import JobSteps
 from gpumon.jobs.series.zerofirst import ZeroFirst
 from gpumon.jobs.store import RankView
+from gpumon.ranges import runs
 
 OUTCOMES = (
     "accepted",
@@ -203,13 +204,7 @@ RANGES_MAX = 120  # characters: a node's ranks are few; an odd spread of them is
 
 def rank_ranges(ranks: Iterable[int]) -> str:
     """The ranks as runs, "8-15" or "0-3,6,9-10": what an alert prints to name a node's share of a job."""
-    runs: list[list[int]] = []
-    for rank in sorted(set(ranks)):
-        if runs and rank == runs[-1][1] + 1:
-            runs[-1][1] = rank
-        else:
-            runs.append([rank, rank])
-    text = ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+    text = runs(ranks)
     return text if len(text) <= RANGES_MAX else text[: text.rfind(",", 0, RANGES_MAX - 3)] + ",..."
 
 
