@@ -5,20 +5,10 @@ from __future__ import annotations
 import json
 import socket
 
-import pynvml
 import pytest
-from support.helpers import run_gpumon
+from support.helpers import NO_DRIVER_HERE, run_gpumon
 
 from gpumon import __version__
-
-
-def nvml_present() -> bool:
-    try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError:
-        return False
-    pynvml.nvmlShutdown()  # pragma: no cover (a GPU machine)
-    return True  # pragma: no cover
 
 
 def one_line_error(result, code: int = 2) -> str:
@@ -70,7 +60,7 @@ def test_bad_env_is_reported_like_a_bad_flag() -> None:
     assert "backend: expected one of auto, nvml, sim" in line
 
 
-@pytest.mark.skipif(nvml_present(), reason="an NVIDIA driver is present here")
+@NO_DRIVER_HERE
 @pytest.mark.parametrize("command", ["serve", "snapshot"])
 def test_without_a_driver_auto_explains_how_to_simulate(command) -> None:
     line = (
@@ -82,7 +72,7 @@ def test_without_a_driver_auto_explains_how_to_simulate(command) -> None:
     assert f"gpumon {command} --simulate 8xH100-SXM" in line and "--simulate-if-no-gpu" in line
 
 
-@pytest.mark.skipif(nvml_present(), reason="an NVIDIA driver is present here")
+@NO_DRIVER_HERE
 def test_simulate_if_no_gpu_falls_back_loudly() -> None:
     result = run_gpumon("snapshot", "--simulate-if-no-gpu", "2xL4")
     assert result.returncode == 0, result.stderr
@@ -293,7 +283,7 @@ def test_messages_say_what_is_wrong(args: list[str], message: str) -> None:
     assert message in one_line_error(run_gpumon(*args))
 
 
-@pytest.mark.skipif(nvml_present(), reason="an NVIDIA driver is present here")
+@NO_DRIVER_HERE
 def test_doctor_without_a_driver_diagnoses_why() -> None:
     """This machine has no driver: no library, no kernel module, no device nodes."""
     out = run_gpumon("doctor")

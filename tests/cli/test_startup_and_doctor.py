@@ -15,9 +15,8 @@ import time
 from collections.abc import Callable
 
 import httpx
-import pynvml
 import pytest
-from support.helpers import ROOT, Daemon, free_port, gpumon_cmd, run_gpumon
+from support.helpers import NO_DRIVER_HERE, ROOT, Daemon, free_port, gpumon_cmd, run_gpumon
 from support.poll import poll
 
 from gpumon.gpu import nodriver
@@ -30,25 +29,11 @@ CAPABILITY = re.compile(
 )
 
 
-def nvml_present() -> bool:
-    try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError:
-        return False
-    pynvml.nvmlShutdown()  # pragma: no cover (a GPU machine)
-    return True  # pragma: no cover
-
-
-NO_DRIVER_HERE = pytest.mark.skipif(nvml_present(), reason="an NVIDIA driver is present here")
-
-
 def _settled_log(d: Daemon, seen: Callable[[list[str]], bool], sweeps: float = 1.0) -> list[str]:
     """The daemon's log once ``seen`` holds (the first sweeps are in), and a few more sweeps after it, so that
     a notice repeated per GPU, or by a later sweep, has had its chance to appear."""
-    end = time.monotonic() + 15
-    while not seen(list(d.log)) and time.monotonic() < end:
-        time.sleep(0.05)
-    time.sleep(sweeps)
+    poll(lambda: seen(list(d.log)), 15, "the start-up notices", every=0.05, detail=lambda: "\n".join(d.log))
+    time.sleep(sweeps)  # time passing on purpose: a repeat would show in it
     assert d.stop() == 0
     return list(d.log)
 

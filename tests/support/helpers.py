@@ -39,6 +39,20 @@ class ManualClock:
         self.t += dt
 
 
+def nvml_present() -> bool:
+    """Whether an NVIDIA driver answers here: the tests of a node without one skip on a GPU machine."""
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        return False
+    pynvml.nvmlShutdown()  # pragma: no cover (a GPU machine)
+    return True  # pragma: no cover
+
+
+# the tests of what a node without a driver does cannot run where there is one
+NO_DRIVER_HERE = pytest.mark.skipif(nvml_present(), reason="an NVIDIA driver is present here")
+
+
 def require_tool(name: str, install: str = "apt-get install prometheus prometheus-alertmanager") -> str:
     """Path of an external tool the test needs. In CI its absence fails the test rather than skipping it."""
     path = shutil.which(name)
