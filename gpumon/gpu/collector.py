@@ -254,8 +254,9 @@ def build_families(
     for st in snap.gpus:
         _add_gpu(f, st)
         _add_processes(f, st, None if snap.owners is None else snap.owners.get(st.info.uuid))
+    index = {st.info.uuid: str(st.info.index) for st in snap.gpus}
     if snap.events is not None:
-        _add_events(f, snap.events, {st.info.uuid: str(st.info.index) for st in snap.gpus})
+        _add_events(f, snap.events, index)
     h = snap.host
     if h is not None:
         for metric, value in (
@@ -270,7 +271,6 @@ def build_families(
             f.add(metric, [], value)
     for metric, labels, value in nic_samples(snap.nics or (), detail="nic-detail" in f.details):
         f.add(metric, labels, value)
-    index = {st.info.uuid: str(st.info.index) for st in snap.gpus}
     for uuid, nic, path in snap.nic_affinity:
         if uuid in index:
             f.add(M.NIC_AFFINITY, [index[uuid], uuid, nic, path], 1)

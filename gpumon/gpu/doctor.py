@@ -138,7 +138,8 @@ def diagnose(
         uid=os.getuid(),
         telemetry=telemetry(snap, sources),
     )
-    report.network = net_report(sysfs, [(st.info.index, st.info.pci_bus_id) for st in snap.gpus], snap.nics)
+    indices = {st.info.uuid: st.info.index for st in snap.gpus}
+    report.network = net_report(sysfs, indices, snap.nics, snap.nic_affinity)
     report.advice = _advice(report, simulated, replayed=snap.backend == "replay") + report.network.advice
     return report
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from gpumon.net.affinity import NEAR, nearest, normalise, peermem
+from gpumon.net.affinity import NEAR, peermem
 from gpumon.net.rdma import RdmaPort
-from gpumon.net.reader import candidates
+from gpumon.net.reader import Near
 
 
 @dataclass
@@ -22,8 +22,11 @@ class NetReport:
         return asdict(self)
 
 
-def report(sysfs: str, gpus: list[tuple[int, str]], ports: tuple[RdmaPort, ...] | None) -> NetReport:
-    """``gpus``: each GPU's index and NVML bus id; ``ports``: what the sampler read (None: --no-nics)."""
+def report(
+    sysfs: str, gpus: dict[str, int], ports: tuple[RdmaPort, ...] | None, near: tuple[Near, ...]
+) -> NetReport:
+    """``gpus``: each GPU's index by uuid; ``ports`` and ``near``: what the sampler read and worked out
+    (net/reader.py; ports None: --no-nics)."""
     r = NetReport()
     if not ports:
         return r
@@ -38,10 +41,7 @@ def report(sysfs: str, gpus: list[tuple[int, str]], ports: tuple[RdmaPort, ...] 
         }
         for p in ports
     ]
-    adapters = candidates(ports)
-    index = {normalise(bus): i for i, bus in gpus}
-    found = nearest(sysfs, [bus for _, bus in gpus], adapters)
-    r.nearest = [{"gpu": index[normalise(n.gpu)], "nic": n.nic, "path": n.path} for n in found]
+    r.nearest = [{"gpu": gpus[uuid], "nic": nic, "path": path} for uuid, nic, path in near if uuid in gpus]
     r.peermem = peermem(sysfs)
     far = [n for n in r.nearest if n["path"] == "SYS"]
     if far:
