@@ -24,6 +24,7 @@ from gpumon.gpu.sim import SimNvml
 from gpumon.gpu.types import BackendUnavailable
 from gpumon.metrics.registry import DETAILS
 from gpumon.net.reader import READ_EVERY, NicReader
+from gpumon.net.simulated import SimNics
 
 log = logging.getLogger("gpumon")
 
@@ -272,13 +273,18 @@ def open_sampler(settings: Settings, command: str, *, wait: bool = False, wrap: 
             sampler.events = EventWatcher(backend.nv, sampler.devices)
         if settings.processes:
             sampler.attributor = attributor(backend, settings)
-        # simulated or replayed GPUs beside this host's real NICs would make one node out of two
+        # simulated or replayed GPUs beside this host's real NICs would make one node out of two: simulated
+        # GPUs get simulated NICs, replayed ones none, unless --sys-root names a tree to read
         real = backend.name == "nvml" or settings.sys_root is not None
+        detail = "nic-detail" in backend.details
+        sim = getattr(backend.nv, "wrapped", backend.nv)
         if settings.nics and real:
             root = settings.sys_root or "/sys"
             # the daemon reads them on a thread of their own (net/reader.py); a one-off command in line
             every = READ_EVERY if command == "serve" else None
-            sampler.nics = NicReader(root, detail="nic-detail" in backend.details, every=every)
+            sampler.nics = NicReader(root, detail=detail, every=every)
+        elif settings.nics and isinstance(sim, SimNvml):
+            sampler.nics = NicReader(SimNics(sim.gpus, sim.now), detail=detail)  # cheap: read every sweep
         sampler.open(wait=wait)
         return sampler
 

@@ -103,7 +103,7 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
     finally:
         if recording is not None:
             recording.discard()
-    report = diagnose(snap, sources=sources, sysfs=settings.sys_root or "/sys")
+    report = diagnose(snap, sources=sources)
     print(json.dumps(report.as_json(), indent=2) if args.json else render(report))
     return 0
 

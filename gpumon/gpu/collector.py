@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import platform
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -22,6 +23,7 @@ from gpumon.gpu.events import EventsView
 from gpumon.gpu.snapshot import GpuStatus, Snapshot
 from gpumon.gpu.types import THROTTLE_REASONS, MigReading
 from gpumon.net.exposition import nic_samples
+from gpumon.zerofirst import ZeroFirst
 
 Family = GaugeMetricFamily | CounterMetricFamily
 _ECC_TYPES = ("corrected", "uncorrected")
@@ -37,18 +39,47 @@ def _family(m: M.Metric) -> Family:
     return cls(m.name, m.help, labels=m.labels)
 
 
+# the hardware's counters of rare trouble, cumulative since the driver (or the adapter) loaded: most are 0 on
+# a healthy node, and a series per GPU, reason and type of them cost ~100 series of zeros on an HGX node. Each
+# is absent until it is first above 0 (gpumon/zerofirst.py), except those already above 0 when the daemon
+# first shows their GPU or port: the count is the hardware's, not this daemon's, and must not dip to 0
+RARE = frozenset({"gpumon_gpu_throttle_seconds_total", "gpumon_gpu_ecc_errors_total",
+                  "gpumon_gpu_remapped_rows_total", "gpumon_nic_errors_total"})  # fmt: skip
+_HARDWARE = 0.0  # a hardware counter's "process start": older than any daemon
+
+
 class Families(dict[str, Family]):
     """The families of one build, only those of metrics switched on: adding to one that is off does nothing,
-    so the builders below need not know which opt-in detail is on."""
+    so the builders below need not know which opt-in detail is on. ``first``: where the RARE counters are
+    shown from their first rise (None: from 0, as every other counter)."""
 
-    def __init__(self, metrics: Iterable[M.Metric], details: frozenset[str]) -> None:
+    def __init__(
+        self,
+        metrics: Iterable[M.Metric],
+        details: frozenset[str],
+        first: ZeroFirst | None = None,
+        now: float = 0.0,
+    ) -> None:
         super().__init__((m.name, _family(m)) for m in metrics if not m.detail or m.detail in details)
         self.details = details
+        self.first = first
+        self.now = now
+        self.shown: set[tuple[str, int]] = set()  # the GPUs (uuid, 0) and NIC ports shown this build
 
     def add(self, metric: M.Metric, labels: list[str], value: float) -> None:
         fam = self.get(metric.name)
         if fam is not None:
             fam.add_metric(labels, value)
+
+    def counter(self, owner: tuple[str, int], metric: M.Metric, labels: list[str], value: float) -> None:
+        """A counter of ``owner`` (a GPU's uuid, or a NIC's device and port); a RARE one from its first
+        rise."""
+        if self.first is None or metric.name not in RARE or metric.name not in self:
+            self.add(metric, labels, value)
+            return
+        shown = self.first.value((*owner, metric.name, tuple(labels)), value, self.now, _HARDWARE)
+        if shown is not None:
+            self.add(metric, labels, shown)
 
 
 def _add_fields(
@@ -104,8 +135,10 @@ def _add_gpu(f: Families, st: GpuStatus) -> None:
             counted = st.capabilities.get(f"throttle_time:{reason}") in ("supported", "error")
             if every or (reason in _COSTLY_REASONS and not counted):
                 f.add(M.THROTTLE_ACTIVE, [*gl, reason], 1 if r.throttle_reasons & bit else 0)
+    owner = (info.uuid, 0)
+    f.shown.add(owner)
     for reason, seconds in r.throttle_seconds.items():
-        f.add(M.THROTTLE_SECONDS, [*gl, reason], seconds)
+        f.counter(owner, M.THROTTLE_SECONDS, [*gl, reason], seconds)
     for metric, pair in (
         (M.ECC, (r.ecc_corrected_errors, r.ecc_uncorrected_errors)),
         (M.ECC_LIFETIME, (r.ecc_corrected_errors_lifetime, r.ecc_uncorrected_errors_lifetime)),
@@ -113,7 +146,7 @@ def _add_gpu(f: Families, st: GpuStatus) -> None:
     ):
         for kind, value in zip(_ECC_TYPES, pair, strict=True):
             if value is not None:
-                f.add(metric, [*gl, kind], value)
+                f.counter(owner, metric, [*gl, kind], value)
     p = r.profiling
     if p is not None:
         f.add(M.PROFILING_INFO, [*gl, p.source], 1)
@@ -234,8 +267,11 @@ def build_families(
     owner_labels: bool = False,
     node: str | None = None,
     details: frozenset[str] = frozenset(),
+    first: ZeroFirst | None = None,
 ) -> list[Metric]:
-    f = Families(M.GPU_FLOW, details)
+    """``first``: where the RARE counters are shown from their first rise, kept across builds (None: every
+    counter from 0)."""
+    f = Families(M.GPU_FLOW, details, first, snap.timestamp)
     f.add(M.BUILD_INFO, [__version__, platform.python_version(), snap.backend], 1)
     if node is not None:
         f.add(M.NODE_INFO, [node], 1)
@@ -270,10 +306,16 @@ def build_families(
         ):
             f.add(metric, [], value)
     for metric, labels, value in nic_samples(snap.nics or (), detail="nic-detail" in f.details):
-        f.add(metric, labels, value)
+        port = (labels[0], int(labels[1]))
+        f.shown.add(port)
+        f.counter(port, metric, labels, value)
     for uuid, nic, path in snap.nic_affinity:
         if uuid in index:
             f.add(M.NIC_AFFINITY, [index[uuid], uuid, nic, path], 1)
+    if first is not None:
+        # a GPU down keeps its counters' state for when it answers again; a port gone loses it
+        known = {(st.info.uuid, 0) for st in snap.gpus}
+        first.keep(f.shown, known | f.shown)
     # a family without samples is a quantity nobody here supports: leave it out entirely
     families: list[Metric] = [fam for fam in f.values() if fam.samples]
     if owner_labels:
@@ -315,15 +357,20 @@ class SnapshotCollector(PerSnapshotCollector):
         owner_labels: bool = False,
         node: str | None = None,
         details: frozenset[str] = frozenset(),
+        counter_hold: float = 60.0,
     ) -> None:
+        """``counter_hold``: seconds a RARE counter shows 0 before its first value (--counter-hold)."""
         super().__init__(source)
         self.owner_labels = owner_labels
         self.node = node
         self.details = details
+        self.first = ZeroFirst(time.time(), counter_hold)
 
     def describe(self) -> list[Metric]:
         """Every family this collector can yield: lets ``name[]`` filtering and duplicate checks work."""
         return list(Families(M.GPU_FLOW, self.details).values())
 
     def build(self, snap: Snapshot, previous: Snapshot | None) -> list[Metric]:
-        return build_families(snap, owner_labels=self.owner_labels, node=self.node, details=self.details)
+        return build_families(
+            snap, owner_labels=self.owner_labels, node=self.node, details=self.details, first=self.first
+        )

@@ -101,7 +101,6 @@ def diagnose(
     *,
     check_devices: bool = True,
     sources: Mapping[str, str] | None = None,
-    sysfs: str = "/sys",
 ) -> Report:
     gpus: list[dict[str, Any]] = []
     for st in snap.gpus:
@@ -139,7 +138,7 @@ def diagnose(
         telemetry=telemetry(snap, sources),
     )
     indices = {st.info.uuid: st.info.index for st in snap.gpus}
-    report.network = net_report(sysfs, indices, snap.nics, snap.nic_affinity)
+    report.network = net_report(indices, snap.nics, snap.nic_affinity, snap.nic_peermem)
     report.advice = _advice(report, simulated, replayed=snap.backend == "replay") + report.network.advice
     return report
 

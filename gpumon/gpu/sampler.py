@@ -25,8 +25,7 @@ from gpumon.gpu.snapshot import CollectorStatus, ErrorKey, GpuStatus, Snapshot
 from gpumon.gpu.types import BackendUnavailable, DeviceDown, DriverInfo, ReadResult, Support
 from gpumon.gpu.worker import GpuWorker
 from gpumon.host import HostReading, HostSampler
-from gpumon.net.rdma import RdmaPort
-from gpumon.net.reader import Near, NicReader
+from gpumon.net.reader import NicReader, NicReading
 from gpumon.ranges import runs
 
 log = logging.getLogger("gpumon.sampler")
@@ -311,7 +310,7 @@ class Sampler:
                 asked.append(w)
 
         host, host_status = self._read_host()
-        nics, nearest, nic_status = self._read_nics(workers)
+        nic, nic_status = self._read_nics(workers)
         done = self._collect(asked, workers, seq, deadline, events)
         gpu_elapsed = time.monotonic() - started
         statuses = tuple(done.get(id(w)) or self._status(w, seq, w in asked, events) for w in workers)
@@ -339,8 +338,10 @@ class Sampler:
             errors=MappingProxyType(dict(self._errors)),
             events=events,
             owners=owners,
-            nics=nics,
-            nic_affinity=nearest,
+            nics=None if nic is None else nic.ports,
+            nic_affinity=() if nic is None else nic.nearest,
+            nics_at=None if nic is None else nic.at,
+            nic_peermem=None if nic is None else nic.peermem,
         )
         return self._publish(snap)
 
@@ -511,14 +512,12 @@ class Sampler:
             return None, CollectorStatus("host", False, time.monotonic() - t0)
         return reading, CollectorStatus("host", True, time.monotonic() - t0)
 
-    def _read_nics(
-        self, workers: Sequence[GpuWorker]
-    ) -> tuple[tuple[RdmaPort, ...] | None, tuple[Near, ...], CollectorStatus | None]:
+    def _read_nics(self, workers: Sequence[GpuWorker]) -> tuple[NicReading | None, CollectorStatus | None]:
         """The latest reading of the RDMA ports and each GPU's nearest (net/reader.py: read on a thread of
         their own in the daemon). A file that did not parse costs its quantity and is counted once per
         reading; a reading that raised, is stuck or is too old fails the nic collector only."""
         if self.nics is None:
-            return None, (), None
+            return None, None
         r = self.nics.read([(w.device.info.uuid, w.device.info.pci_bus_id) for w in workers])
         if r.seq != self._nic_seq:
             self._nic_seq = r.seq
@@ -527,7 +526,7 @@ class Sampler:
             for p in r.ports or ():
                 for name in p.read_errors:
                     self._count(("", "", "sysfs_infiniband", "unparsable"), f"{p.device}/{name}")
-        return r.ports, r.nearest, CollectorStatus("nic", r.ok, r.duration_seconds)
+        return r, CollectorStatus("nic", r.ok, r.duration_seconds)
 
     def _status(self, w: GpuWorker, seq: int, asked: bool, events: EventsView | None) -> GpuStatus:
         dev = w.device

@@ -53,6 +53,8 @@ class Snapshot:
     owners: Mapping[str, GpuOwnership] | None = None  # uuid → processes' owners; None: attribution off
     nics: tuple[RdmaPort, ...] | None = None  # the node's RDMA ports (gpumon/net); None: --no-nics
     nic_affinity: tuple[Near, ...] = ()  # (GPU uuid, its nearest RDMA device, the PCI path between them)
+    nics_at: float | None = None  # unix time the ports were read (the daemon reads them every few seconds)
+    nic_peermem: str | None = None  # the GPUDirect RDMA peer-memory module loaded, if any
 
 
 def snapshot_json(snap: Snapshot) -> dict[str, Any]:
@@ -84,6 +86,8 @@ def snapshot_json(snap: Snapshot) -> dict[str, Any]:
         "host": None if snap.host is None else asdict(snap.host),
         "nics": None if snap.nics is None else [asdict(p) for p in snap.nics],
         "nic_affinity": [{"uuid": u, "nic": n, "path": p} for u, n, p in snap.nic_affinity],
+        "nics_at": snap.nics_at,
+        "nic_peermem": snap.nic_peermem,
         "errors": [
             {"gpu": gpu, "uuid": uuid, "op": op, "error": kind, "count": count}
             for (gpu, uuid, op, kind), count in sorted(snap.errors.items())

@@ -20,9 +20,9 @@ from gpumon.jobs.diagnosis import BOTTLENECKS
 from gpumon.jobs.goodput.ledger import CAUSES, LedgerView
 from gpumon.jobs.series.families import RowFamily
 from gpumon.jobs.series.jobsteps import JobSteps
-from gpumon.jobs.series.zerofirst import ZeroFirst
 from gpumon.jobs.store import RankView
 from gpumon.ranges import runs
+from gpumon.zerofirst import ZeroFirst
 
 OUTCOMES = (
     "accepted",
@@ -118,7 +118,7 @@ class TrainingCollector:
         counter_hold: float = 60.0,
     ) -> None:
         """``counter_hold``: seconds a rare event's counter shows 0 before its first value
-        (series/zerofirst.py)."""
+        (gpumon/zerofirst.py)."""
         self.analysis = analysis
         self.stats = stats
         self.library = library

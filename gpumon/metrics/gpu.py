@@ -229,7 +229,8 @@ THROTTLE_SECONDS = metric(
     "gpumon_gpu_throttle_seconds_total",
     "counter",
     "Cumulative time clocks were held down "
-    "for this reason (sw_power_cap, sync_boost, sw_thermal, hw_thermal, hw_power_brake).",
+    "for this reason (sw_power_cap, sync_boost, sw_thermal, hw_thermal, hw_power_brake). Absent until it "
+    "first rises (0 first, so increase() sees it), or at once where the driver counted some before.",
     (*GPU, "reason"),
     "seconds",
     "fields 74, 76, 269, 270, 271 (ns)",

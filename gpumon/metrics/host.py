@@ -72,7 +72,8 @@ NIC_ERRORS = metric(
     "counter",
     "The port's error counters, by the kernel's name: symbol_error, link_error_recovery, link_downed, "
     "port_rcv_errors, port_xmit_discards (nic-detail adds the rest). The hardware's counters saturate "
-    "rather than wrap.",
+    "rather than wrap. Absent until it first rises (0 first, so increase() sees it), or at once where the "
+    "adapter counted some before.",
     (*NIC, "counter"),
     source=f"{NIC_SOURCE} counters",
 )

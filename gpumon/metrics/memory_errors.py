@@ -8,7 +8,8 @@ section("Memory errors")
 ECC = metric(
     "gpumon_gpu_ecc_errors_total",
     "counter",
-    "ECC errors since the driver loaded (type=corrected or uncorrected).",
+    "ECC errors since the driver loaded (type=corrected or uncorrected). Absent until it first rises (0 "
+    "first, so increase() sees it), or at once where the driver counted some before.",
     (*GPU, "type"),
     source="fields NVML_FI_DEV_ECC_{SBE,DBE}_VOL_TOTAL, else nvmlDeviceGetTotalEccErrors(…, VOLATILE)",
 )
@@ -23,7 +24,8 @@ ECC_LIFETIME = metric(
 REMAPPED = metric(
     "gpumon_gpu_remapped_rows_total",
     "counter",
-    "HBM rows remapped to spares, by the type of error that caused it (corrected or uncorrected).",
+    "HBM rows remapped to spares, by the type of error that caused it (corrected or uncorrected). Absent "
+    "until it first rises, as gpumon_gpu_ecc_errors_total.",
     (*GPU, "type"),
     source="fields NVML_FI_DEV_REMAPPED_*, else nvmlDeviceGetRemappedRows",
 )

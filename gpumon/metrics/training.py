@@ -9,7 +9,7 @@ Per rank, by default, only the facts a rule cannot derive: counters (steps, toke
 the ledger, the step-time sum and count) and a few gauges. What the daemon derives per rank over its window
 is per job on the node, and the rank-rates detail adds it back per rank. Counters of events most ranks
 never see (a badput cause, restarts, redone steps, allocator retries and OOMs) are absent until the first
-one, then served at 0 for two renders before their value (gpumon/jobs/series/zerofirst.py), so
+one, then served at 0 for two renders before their value (gpumon/zerofirst.py), so
 rate() and increase() see the first occurrence; a rule that needs a number where there is none adds
 ``or vector(0)``.
 """

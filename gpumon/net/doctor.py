@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from gpumon.net.affinity import NEAR, peermem
+from gpumon.net.affinity import NEAR
 from gpumon.net.rdma import RdmaPort
 from gpumon.net.reader import Near
 
@@ -23,10 +23,10 @@ class NetReport:
 
 
 def report(
-    sysfs: str, gpus: dict[str, int], ports: tuple[RdmaPort, ...] | None, near: tuple[Near, ...]
+    gpus: dict[str, int], ports: tuple[RdmaPort, ...] | None, near: tuple[Near, ...], peermem: str | None
 ) -> NetReport:
-    """``gpus``: each GPU's index by uuid; ``ports`` and ``near``: what the sampler read and worked out
-    (net/reader.py; ports None: --no-nics)."""
+    """``gpus``: each GPU's index by uuid; ``ports``, ``near`` and ``peermem``: what the sampler read and
+    worked out (net/reader.py; ports None: --no-nics)."""
     r = NetReport()
     if not ports:
         return r
@@ -42,7 +42,7 @@ def report(
         for p in ports
     ]
     r.nearest = [{"gpu": gpus[uuid], "nic": nic, "path": path} for uuid, nic, path in near if uuid in gpus]
-    r.peermem = peermem(sysfs)
+    r.peermem = peermem
     far = [n for n in r.nearest if n["path"] == "SYS"]
     if far:
         r.advice.append(

@@ -14,14 +14,39 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
-from gpumon.net.affinity import nearest, normalise
+from gpumon.net.affinity import Nearest, nearest, normalise, peermem
 from gpumon.net.rdma import RdmaPort, read_ports
 
 READ_EVERY = 5.0  # seconds between reads in the daemon: rates over a minute still get a dozen points
 STUCK_AFTER = 30.0  # a read running this long, or a reading this old, fails the nic collector
 
 Near = tuple[str, str, str]  # a GPU's uuid, its nearest RDMA device, the path between them (affinity.PATHS)
+
+
+class NicSource(Protocol):
+    """Where the ports come from: this host's sysfs (SysfsNics), or simulated NICs (net/simulated.py)."""
+
+    def ports(self, detail: bool) -> tuple[RdmaPort, ...]: ...
+
+    def nearest(self, gpus: list[str], nics: dict[str, str]) -> list[Nearest]: ...
+
+    def peermem(self) -> str | None: ...
+
+
+class SysfsNics:
+    def __init__(self, sysfs: str = "/sys") -> None:
+        self.sysfs = sysfs
+
+    def ports(self, detail: bool) -> tuple[RdmaPort, ...]:
+        return read_ports(self.sysfs, detail=detail)
+
+    def nearest(self, gpus: list[str], nics: dict[str, str]) -> list[Nearest]:
+        return nearest(self.sysfs, gpus, nics)
+
+    def peermem(self) -> str | None:
+        return peermem(self.sysfs)
 
 
 @dataclass(frozen=True)
@@ -32,26 +57,33 @@ class NicReading:
     duration_seconds: float
     seq: int  # readings made so far: a new one carries new read errors to count
     error: BaseException | None = None
+    at: float | None = None  # when the ports were read, wall clock (their counters' time, for rates)
+    peermem: str | None = None  # the GPUDirect RDMA module loaded, if any
 
 
 class NicReader:
-    """``every``: seconds between reads on a thread of this reader's own; None reads in the caller."""
+    """``source``: a sysfs root, or a NicSource; ``every``: seconds between reads on a thread of this
+    reader's own; None reads in the caller."""
 
     def __init__(
         self,
-        sysfs: str = "/sys",
+        source: str | NicSource = "/sys",
         *,
         detail: bool = False,
         every: float | None = None,
         clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
     ) -> None:
-        self.sysfs = sysfs
+        self.source: NicSource = SysfsNics(source) if isinstance(source, str) else source
         self.detail = detail
         self.every = every
         self.clock = clock
+        self.wall = wall
         self._lock = threading.Lock()
         self._ports: tuple[RdmaPort, ...] | None = None
         self._error: BaseException | None = None
+        self._at: float | None = None
+        self._peermem: str | None = None
         self._when = 0.0  # when the last reading was made
         self._duration = 0.0
         self._seq = 0
@@ -71,12 +103,13 @@ class NicReader:
         now = self.clock()
         with self._lock:
             ports, error, seq, duration = self._ports, self._error, self._seq, self._duration
+            at, module = self._at, self._peermem
             stuck = self._started is not None and now - self._started > STUCK_AFTER
             stale = seq > 0 and now - self._when > STUCK_AFTER and self.every is not None
         if stale:
             ports = None
         ok = error is None and not stuck and not stale
-        return NicReading(ports, self._near(gpus, ports or ()), ok, duration, seq, error)
+        return NicReading(ports, self._near(gpus, ports or ()), ok, duration, seq, error, at, module)
 
     def stop(self) -> None:
         self._stop.set()
@@ -90,14 +123,16 @@ class NicReader:
         t0 = self.clock()
         with self._lock:
             self._started = t0
+        module = None
         try:
-            ports: tuple[RdmaPort, ...] | None = read_ports(self.sysfs, detail=self.detail)
+            ports: tuple[RdmaPort, ...] | None = self.source.ports(self.detail)
+            module = self.source.peermem()
             error = None
         except Exception as exc:  # a sysfs no kernel writes: the NIC series go, nothing else
             ports, error = None, exc
-        t1 = self.clock()
+        t1, at = self.clock(), self.wall()
         with self._lock:
-            self._ports, self._error = ports, error
+            self._ports, self._error, self._at, self._peermem = ports, error, at, module
             self._when, self._duration, self._started = t1, t1 - t0, None
             self._seq += 1
 
@@ -106,7 +141,7 @@ class NicReader:
         key = (tuple(gpus), tuple(adapters.items()))
         if key != self._key:
             uuid = {normalise(bus): u for u, bus in gpus}
-            found = nearest(self.sysfs, [bus for _, bus in gpus], adapters)
+            found = self.source.nearest([bus for _, bus in gpus], adapters)
             self._nearest = tuple((uuid[normalise(n.gpu)], n.nic, n.path) for n in found)
             self._key = key
         return self._nearest

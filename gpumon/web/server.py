@@ -43,7 +43,10 @@ def build_registry(
     compat_host_label: str = "Hostname",
 ) -> CollectorRegistry:
     registry = CollectorRegistry()
-    registry.register(SnapshotCollector(source, owner_labels=owner_labels, node=node, details=details))
+    hold = 60.0 if training is None else training.counter_hold
+    registry.register(
+        SnapshotCollector(source, owner_labels=owner_labels, node=node, details=details, counter_hold=hold)
+    )
     if connections is not None:
         registry.register(connections)
     if training is not None:

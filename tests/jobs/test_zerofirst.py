@@ -5,7 +5,7 @@ the daemon restarted under the process (a dip would count it twice)."""
 
 from __future__ import annotations
 
-from gpumon.jobs.series.zerofirst import ZeroFirst
+from gpumon.zerofirst import ZeroFirst
 
 KEY = ("llm", 0, "gpumon_training_restarts_total", ())
 

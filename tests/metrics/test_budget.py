@@ -18,9 +18,12 @@ from gpumon.gpu.events import EventWatcher
 from gpumon.gpu.nvml import NvmlBackend
 from gpumon.gpu.sampler import Sampler
 from gpumon.gpu.sim import SimNvml
-from gpumon.net.rdma import read_ports
+from gpumon.gpu.snapshot import Snapshot
+from gpumon.net.rdma import RdmaPort, read_ports
+from gpumon.zerofirst import SERVED_FIRST, ZeroFirst
 
 PER_GPU, PER_NODE, GPUS = 50, 60, 8
+PER_PORT = 10  # an RDMA port's series by default, at most (docs/exposition.md, "Network")
 
 
 def series_by_gpu(text: str) -> Counter[str]:
@@ -48,15 +51,20 @@ def steady(d, timeout: float = 10.0) -> str:
 @pytest.mark.slow
 def test_the_default_exposition_of_8_h100_is_within_the_budget(daemon) -> None:
     d = daemon("--simulate", f"{GPUS}xH100-SXM", "--sim-unreported-jobs", "--interval", "200ms")  # busy GPUs
-    counts = series_by_gpu(steady(d))
+    text = steady(d)
+    counts = series_by_gpu(text)
     node = counts.pop("")
+    # the simulated node's 8 NDR ports (net/simulated.py), as a real HGX node has: their own allowance
+    nics = sum(1 for line in text.splitlines() if line.startswith("gpumon_nic_"))
     assert len(counts) == GPUS
     assert max(counts.values()) <= PER_GPU, counts
-    assert node <= PER_NODE
+    assert node - nics <= PER_NODE and nics <= PER_PORT * GPUS, (node, nics)
+    # the error counters are served from their first rise: on a healthy node, 5 a port
+    assert nics == 5 * GPUS
     assert sum(counts.values()) + node <= PER_GPU * GPUS + PER_NODE
     # what an operator alerts on is in it; the per-link detail is not
     text = d.get("/metrics").text
-    for name in ("gpumon_gpu_nvlink_links_up", "gpumon_gpu_throttle_seconds_total", 'event="xid"'):
+    for name in ("gpumon_gpu_nvlink_links_up", 'reason="sw_power_cap"', 'event="xid"'):
         assert name in text, name
     assert "gpumon_gpu_nvlink_link_up" not in text
 
@@ -166,3 +174,63 @@ def test_the_default_throttle_series_follow_what_the_gpu_supports_not_one_read(h
     snap = dataclasses.replace(h100_snapshot, gpus=(failed,))
     fams = {f.name: f for f in build_families(snap)}
     assert {s.labels["reason"] for s in fams["gpumon_gpu_throttle_active"].samples} == {"hw_slowdown"}
+
+
+# -- the hardware's counters of rare trouble (throttle time by reason, ECC errors, remapped rows, NIC errors):
+# absent while 0, served at once where the hardware counted some before the daemon first showed the GPU or
+# port, and otherwise at 0 first so that Prometheus's increase() sees the first rise (gpumon/zerofirst.py)
+
+HOLD = 30.0
+
+
+def _served(snap: Snapshot, first: ZeroFirst | None) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    return {
+        (x.name, tuple(sorted(x.labels.items()))): x.value
+        for fam in build_families(snap, first=first)
+        for x in fam.samples
+    }
+
+
+def _ecc(snap: Snapshot, corrected: int) -> Snapshot:
+    st = snap.gpus[0]
+    reading = dataclasses.replace(st.reading, ecc_corrected_errors=corrected)
+    return dataclasses.replace(snap, gpus=(dataclasses.replace(st, reading=reading), *snap.gpus[1:]))
+
+
+def _value(served: dict, name: str, **labels: str) -> float | None:
+    for (n, lb), v in served.items():
+        if n == name and all(dict(lb).get(k) == x for k, x in labels.items()):
+            return v
+    return None
+
+
+def test_a_rare_counter_is_absent_at_0_and_dips_to_0_once_before_its_first_rise(h100_snapshot) -> None:
+    snap = _ecc(h100_snapshot, 0)
+    first = ZeroFirst(snap.timestamp - 100.0, HOLD)
+    assert _value(_served(snap, first), "gpumon_gpu_ecc_errors_total", type="corrected") is None
+    # the first corrected error, after the daemon showed the GPU: 0 for the hold and SERVED_FIRST builds
+    t = snap.timestamp
+    for k in range(SERVED_FIRST + 1):
+        later = dataclasses.replace(_ecc(snap, 1), timestamp=t + 1 + k)
+        assert _value(_served(later, first), "gpumon_gpu_ecc_errors_total", type="corrected") == 0.0
+    after = dataclasses.replace(_ecc(snap, 1), timestamp=t + HOLD + 5)
+    assert _value(_served(after, first), "gpumon_gpu_ecc_errors_total", type="corrected") == 1.0
+
+
+def test_counts_the_hardware_had_before_the_daemon_are_served_at_once(h100_snapshot) -> None:
+    """A GPU that throttled for thermals last week, a NIC whose cable was reseated: the daemon's first build
+    serves their counts, never a dip to 0 that Prometheus would read as a rise at every restart."""
+    port = RdmaPort("mlx5_0", 1, "InfiniBand", "ACTIVE", "LinkUp", 5e10, 0, 0, None, None,
+                    errors={"symbol_error": 7, "link_downed": 0})  # fmt: skip
+    snap = dataclasses.replace(_ecc(h100_snapshot, 4), nics=(port,))
+    first = ZeroFirst(snap.timestamp - 100.0, HOLD)
+    served = _served(snap, first)
+    assert _value(served, "gpumon_gpu_ecc_errors_total", type="corrected") == 4.0
+    assert _value(served, "gpumon_nic_errors_total", counter="symbol_error") == 7.0
+    assert _value(served, "gpumon_nic_errors_total", counter="link_downed") is None
+    # a port seen before whose counter first rises: 0 first
+    grown = dataclasses.replace(port, errors={"symbol_error": 7, "link_downed": 1})
+    later = dataclasses.replace(snap, nics=(grown,), timestamp=snap.timestamp + 1)
+    assert _value(_served(later, first), "gpumon_nic_errors_total", counter="link_downed") == 0.0
+    # without the state (a one-off build: snapshot, tests) every counter is served, 0 or not
+    assert _value(_served(snap, None), "gpumon_nic_errors_total", counter="link_downed") == 0.0

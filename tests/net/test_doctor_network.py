@@ -7,6 +7,7 @@ import json
 import shutil
 from pathlib import Path
 
+import pytest
 from support.helpers import ROOT, run_gpumon
 from support.soak import parse
 from test_affinity import device
@@ -56,9 +57,27 @@ def test_doctor_json_carries_the_network_and_the_peer_memory_module(tmp_path: Pa
     assert not any("modprobe" in a for a in doc["advice"])
 
 
-def test_doctor_without_rdma_nics_says_nothing_of_them() -> None:
-    out = run_gpumon("doctor", "--simulate", "1xH100-SXM")
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("--simulate", "1xH100-SXM", "--no-nics"),
+        # replayed GPUs are another node's: this host's NICs are not theirs, and a capture holds none
+        ("--replay", str(ROOT / "tests" / "fixtures" / "captures" / "h200-idle.json")),
+    ],
+)
+def test_doctor_without_rdma_nics_says_nothing_of_them(args: tuple[str, ...]) -> None:
+    out = run_gpumon("doctor", *args)
     assert out.returncode == 0 and "NIC " not in out.stdout and "GPUDirect" not in out.stdout
+
+
+def test_doctor_on_a_simulated_hgx_node_shows_its_simulated_nics() -> None:
+    out = run_gpumon("doctor", "--simulate", "8xH100-SXM", "--json")
+    net = json.loads(out.stdout)["network"]
+    assert [(p["device"], p["link_layer"], p["state"]) for p in net["ports"]] == [
+        (f"mlx5_{i}", "InfiniBand", "ACTIVE") for i in range(8)
+    ]
+    assert net["nearest"] == [{"gpu": i, "nic": f"mlx5_{i}", "path": "PIX"} for i in range(8)]
+    assert net["peermem"] == "nvidia_peermem" and net["advice"] == []
 
 
 def test_each_gpus_nearest_nic_is_an_info_series(tmp_path: Path, daemon) -> None:

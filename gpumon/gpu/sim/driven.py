@@ -7,7 +7,10 @@ GPU spends the share of time the loop spent in each phase (running phases includ
 
 - ``data_wait``: the SMs wait (the input pipeline's PCIe traffic only);
 - ``checkpoint``: the SMs wait while the state goes out over PCIe;
-- ``communication``: the all-reduce, on NVLink;
+- ``communication``: the all-reduce, on NVLink; for a job with ranks on other nodes (a world size larger
+  than the ranks driving GPUs here), across the node's NICs as well, but only for as long as the collective
+  itself takes: the least communication time per step the process has shown (over LEAST_OVER steps at a
+  time). The rest of its communication time is a wait for a slower peer, with the NIC idle;
 - everything else, named phases (forward/backward, optimizer, evaluation...) and time outside any phase:
   compute. A loop that reports only ``step()`` keeps its GPU busy, as it would.
 
@@ -40,6 +43,9 @@ from gpumon.gpu.sim.dynamics import ALLREDUCE, CHECKPOINT, COMPUTE, DATA_WAIT, M
 STALE = 10.0  # seconds without a report after which a process no longer drives its GPU
 CONTEXT_BYTES = 512 * MiB  # a CUDA context and the libraries' workspaces, which no allocator counts
 LIVENESS_EVERY = 1.0  # seconds between checks that a driving process still exists
+# steps over which a process's communication time per step is measured: a report interval cuts a step's
+# phases at its edges, which a single interval's figure would take for a faster collective
+LEAST_OVER = 8
 # the phases that leave the SMs idle or move data elsewhere; every other phase is compute
 _PHASES = {"data_wait": DATA_WAIT, "checkpoint": CHECKPOINT, "communication": ALLREDUCE}
 
@@ -69,6 +75,10 @@ class ReportLike(Protocol):
     def memory(self) -> Any: ...
     @property
     def final(self) -> bool: ...
+    @property
+    def world_size(self) -> int: ...
+    @property
+    def totals(self) -> Any: ...  # .steps
 
 
 @dataclass
@@ -84,6 +94,15 @@ class _Process:
     alive_checked: float = 0.0
     alive: bool = True
     identity: SimProcess | None = None  # name, user and cgroup, read once
+    world_size: int = 1
+    steps: float = 0.0  # the last report's step count
+    # communication seconds and steps since the last measure of the collective's own time, and the least
+    # communication seconds per step measured so far (None: not yet)
+    comm_seconds: float = 0.0
+    comm_steps: float = 0.0
+    least_comm: float | None = None
+    transfer: float = 0.0  # the share of wall time its collectives moved data across the NICs
+    spans: bool = False  # its job has ranks on other nodes
 
 
 class SdkDriver:
@@ -128,10 +147,15 @@ class SdkDriver:
             if p is None or p.incarnation != r.incarnation:
                 p = self._procs[key] = _Process(r.pid, r.incarnation, gpus, r.started, {})
             wall = r.time - p.at
+            steps = float(r.totals.steps)
             if wall > 0:
-                p.shares = _shares({n: s - p.phases.get(n, 0.0) for n, s in phases.items()}, wall)
+                spent = {n: s - p.phases.get(n, 0.0) for n, s in phases.items()}
+                p.shares = _shares(spent, wall)
+                p.transfer = _transfer(p, spent.get("communication", 0.0), steps - p.steps, wall)
                 p.at, p.phases = r.time, phases
-            p.gpus, p.seen = gpus, now
+            p.gpus, p.seen, p.steps, p.world_size = gpus, now, steps, r.world_size
+            here = sum(1 for name, _ in self._procs if name == r.job)
+            p.spans = r.world_size > here
             memory = r.memory
             p.reserved = getattr(memory, "reserved_bytes", None) if memory is not None else None
 
@@ -195,7 +219,10 @@ class DrivenWorkload:
             shares = {k: v * (1.0 - compute) / left for k, v in rest.items()} if left > 0 else {}
             shares[COMPUTE] = compute
         fill = min(1.0, sum(self._used(procs).values()) / self._total)
-        return Job(-1, 0.0, math.inf, 0.0, 1.0, shares.get(ALLREDUCE, 0.0), fill, shares)
+        comm = sum(p.shares.get(ALLREDUCE, 0.0) for p in procs)
+        moved = sum(p.transfer for p in procs if p.spans)
+        network = min(1.0, moved / comm) if comm > 0 else 0.0
+        return Job(-1, 0.0, math.inf, 0.0, 1.0, shares.get(ALLREDUCE, 0.0), fill, shares, network=network)
 
     def job_at(self, t: float) -> Job | None:
         procs = self.driver.active(self.index)
@@ -246,6 +273,21 @@ def _shares(spent: Mapping[str, float], wall: float) -> dict[str, float]:
     elif named < 1.0:
         out[COMPUTE] = out.get(COMPUTE, 0.0) + 1.0 - named  # outside any phase: taken as GPU work
     return out
+
+
+def _transfer(p: _Process, comm: float, steps: float, wall: float) -> float:
+    """The share of ``wall`` seconds the process's collectives moved data: its ``comm`` seconds in
+    communication over ``steps`` steps, at most the least time per step its collectives have taken."""
+    comm, steps = max(0.0, comm), max(0.0, steps)
+    p.comm_seconds += comm
+    p.comm_steps += steps
+    if p.comm_steps >= LEAST_OVER:
+        per_step = p.comm_seconds / p.comm_steps
+        p.least_comm = per_step if p.least_comm is None else min(p.least_comm, per_step)
+        p.comm_seconds = p.comm_steps = 0.0
+    if p.least_comm is None:
+        return comm / wall  # no measure yet: every second of it moves data
+    return min(comm, p.least_comm * steps) / wall
 
 
 def _running(stat: str) -> bool:

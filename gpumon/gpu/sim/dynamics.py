@@ -78,6 +78,10 @@ class Job:
     # bytes the job holds on each of its GPUs, in place of fill_ratio (a --sim-job: what its declared setup
     # needs, gpumon/gpu/sim/jobs.py)
     fill_bytes: float | None = None
+    # the share of its all-reduce time a GPU's traffic crosses its NIC at full speed: 0 for a job on one
+    # node (NVLink carries it all), 1 for one across nodes that never waits, less for one that waits in its
+    # collectives for a slower peer on another node (its NIC idles meanwhile)
+    network: float = 0.0
 
 
 class Workload(Protocol):
@@ -121,6 +125,7 @@ class NodeWorkload:
                 step_seconds=0.8 + 0.8 * u[3],
                 allreduce_fraction=0.12 + 0.15 * u[4],
                 fill_ratio=0.70 + 0.25 * u[5],
+                network=1.0,  # the node's jobs span nodes: their all-reduce crosses the NICs
             )
             self._jobs.append(job)
             self._starts.append(job.start)
@@ -167,6 +172,7 @@ class DeviceState:
         "mem_temp_c",
         "mem_util",
         "memory_used",
+        "net_seconds",
         "nvlink_rx",
         "nvlink_tx",
         "pcie_gen",
@@ -217,6 +223,9 @@ class DeviceState:
         self.fan_ratio = 0.30
         # ratio-seconds each profiling unit was active, cumulative (what GPM samples difference)
         self.activity = dict.fromkeys(ACTIVITY_UNITS, 0.0)
+        # seconds this GPU's inter-node traffic kept a NIC busy at full speed, cumulative (gpumon/net/
+        # simulated.py turns them into a NIC's bytes)
+        self.net_seconds = 0.0
 
 
 # phase → (power share of TDP, util, memory-controller util, NVLink share of link bandwidth,
@@ -378,6 +387,12 @@ class TrainingDynamics:
         s.mem_clock_mhz = float(
             m.memory_clock_idle_mhz if idle and m.memory_clock_idle_mhz else m.memory_clock_mhz
         )
+
+        if job is not None and job.network:
+            if phase == MIXED and job.shares is not None:
+                s.net_seconds += job.shares.get(ALLREDUCE, 0.0) * job.network * dt
+            elif phase == ALLREDUCE:
+                s.net_seconds += job.network * dt
 
         if m.nvlinks and nvl_share:
             per_link = m.nvlink_link_gbps * 1e9 * nvl_share * dt

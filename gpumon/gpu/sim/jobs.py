@@ -10,8 +10,13 @@ peak table and a running daemon, none of which the simulated NVML (this module i
 A spec is ``NAME:GPUS[:FIRST_RANK/WORLD_SIZE][:KEY=VALUE...]``: ``llama-70b:0-7:8/24`` is ranks 8..15 of a
 24-rank job on GPUs 0-7 of this node; ``bert-ft:0-3`` is ranks 0..3 of a 4-rank job. GPUS is a list of
 indices and ranges (``0-3,6``); rank FIRST_RANK + i runs on the i-th GPU listed. Options: ``model=PRESET``
-(gpumon.client.model; default: the preset the name mentions, else llama3-8b), and ``step=SECONDS``,
-``data_wait=SHARE``, ``comm=SHARE``, ``mfu=RATIO`` to override what the name gives.
+(gpumon.client.model; default: the preset the name mentions, else llama3-8b), ``step=SECONDS``,
+``data_wait=SHARE``, ``comm=SHARE``, ``mfu=RATIO`` to override what the name gives, and ``peer_wait=SHARE``:
+the part of the communication share spent waiting for a slower peer on another node.
+
+A job whose WORLD_SIZE exceeds its ranks here spans nodes: its all-reduce crosses the node's NICs
+(gpumon/net/simulated.py) at full speed, except while it waits for a peer (``peer_wait``): its GPUs still
+spin in the collective, its NICs idle.
 
 Timing comes from the NAME alone, never the seed, the node or the clock, so every daemon simulating ranks
 of ``llama-70b`` agrees on its step time and phase shares. The job has been stepping since simulated time 0
@@ -56,7 +61,13 @@ DEFAULT_MODEL = "llama3-8b"
 # when a name gives only a size ("llama-70b"), the newest preset of that size
 _BY_SIZE = ("llama3-70b", "llama3-8b", "llama2-70b", "llama2-13b", "llama2-7b", "mistral-7b")
 # option → (lowest, highest) accepted
-_LIMITS = {"step": (0.1, 600.0), "data_wait": (0.0, 0.8), "comm": (0.0, 0.8), "mfu": (0.01, 1.0)}
+_LIMITS = {
+    "step": (0.1, 600.0),
+    "data_wait": (0.0, 0.8),
+    "comm": (0.0, 0.8),
+    "mfu": (0.01, 1.0),
+    "peer_wait": (0.0, 0.8),
+}
 EXAMPLE = "llama-70b:0-7:8/24"
 
 
@@ -122,6 +133,7 @@ class Timing:
     mfu: float  # 35-45 %
     load_seconds: float  # 15-35 s of loading before the first step (simulated time)
     number: int  # the job's number in the simulated process list
+    peer_wait: float = 0.0  # of the communication share, the time spent waiting for a peer elsewhere
 
     @property
     def compute(self) -> float:
@@ -173,6 +185,14 @@ class SimJobSpec:
 
     def rank(self, gpu: int) -> int:
         return self.first_rank + self.gpus.index(gpu)
+
+    @property
+    def network(self) -> float:
+        """The share of its all-reduce its GPUs' traffic crosses the NICs (dynamics.Job.network)."""
+        t = self.timing
+        if self.world_size <= len(self.gpus) or t.communication <= 0:
+            return 0.0
+        return (t.communication - t.peer_wait) / t.communication
 
 
 def _indices(text: str, field: str) -> tuple[int, ...]:
@@ -252,7 +272,13 @@ def parse_job(text: str) -> SimJobSpec:
         data_wait=values.get("data_wait", t.data_wait),
         communication=values.get("comm", t.communication),
         mfu=values.get("mfu", t.mfu),
+        peer_wait=values.get("peer_wait", 0.0),
     )
+    if t.peer_wait > t.communication:
+        raise SimJobError(
+            f"sim job {text!r}: peer_wait {t.peer_wait:g} is part of the communication share, which is "
+            f"{t.communication:g}: raise comm or lower peer_wait"
+        )
     if t.compute < 0.1:
         raise SimJobError(f"sim job {text!r}: data_wait and comm leave under 10 % of a step for compute")
     return SimJobSpec(text.strip(), name, gpus, first, world, model, t)
@@ -296,7 +322,7 @@ class SimJob:
         used = self.declared.used_bytes(hbm_bytes)
         self.job = Job(
             t.number, 0.0, math.inf, t.load_seconds, t.step_seconds, t.communication, used / hbm_bytes,
-            fill_bytes=used,
+            fill_bytes=used, network=spec.network,
         )  # fmt: skip
 
     def _pieces(self) -> list[tuple[float, float, float]]:

@@ -40,6 +40,17 @@ class Rep:
     open_phases: dict[str, float] = field(default_factory=dict)
     memory: Any = None
     final: bool = False
+    world_size: int = 1
+    steps: float = 0.0
+
+    @property
+    def totals(self) -> Any:
+        return Steps(self.steps)
+
+
+@dataclass
+class Steps:
+    steps: float
 
 
 @dataclass
