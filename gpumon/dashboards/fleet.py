@@ -203,9 +203,13 @@ def _errors() -> list[Panel | Row]:
         Row("Errors"),
         stat(
             "ECC uncorrected errors",
-            "Uncorrected ECC errors since the drivers loaded, all selected GPUs.",
+            "Uncorrected ECC errors since the drivers loaded, all selected GPUs (the counter appears with a "
+            "GPU's first error: none is 0).",
             COUNT,
-            Target(f'sum(gpumon_gpu_ecc_errors_total{{{NODE},type="uncorrected"}})'),
+            Target(
+                f'sum(gpumon_gpu_ecc_errors_total{{{NODE},type="uncorrected"}})'
+                f" or 0 * count(gpumon_gpu_up{{{NODE}}})"
+            ),
             width=6,
             steps=ZERO_IS_GOOD,
         ),

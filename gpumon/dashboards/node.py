@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from gpumon.dashboards.builder import Dashboard, Panel, Row, Target
 from gpumon.dashboards.node_health import BY_GPU, EACH, GPU, errors_and_processes, per_gpu, profiling_and_host
+from gpumon.dashboards.node_network import network
 from gpumon.dashboards.panels import (
     BYTES,
     BYTES_PER_S,
@@ -278,12 +279,13 @@ def dashboard() -> Dashboard:
         uid=UID,
         title="gpumon / Node",
         description="Every GPU of the selected nodes: utilisation, HBM, power, thermals, clocks, links, "
-        "errors, processes and profiling counters, from the gpumon exporter.",
+        "RDMA NICs, errors, processes and profiling counters, from the gpumon exporter.",
         variables=common_variables(gpu),
         items=[
             *_overview(),
             *_activity(),
             *_clocks_and_links(),
+            *network(),
             *errors_and_processes(),
             *profiling_and_host(),
         ],

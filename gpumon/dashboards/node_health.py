@@ -30,6 +30,12 @@ def per_gpu(
     return timeseries(title, description, unit, Target(sel(metric, GPU), EACH), width=width, hi=hi)
 
 
+def _or_none(counter: str) -> str:
+    """A rare hardware counter per GPU, 0 where it never rose on a GPU with HBM row remapping (the HBM boards,
+    whose ECC is always on): its series appears with the first error (gpumon/zerofirst.py)."""
+    return f"sum by ({BY_GPU}) ({counter}) or 0 * max by ({BY_GPU}) (gpumon_gpu_row_remap_pending{{{GPU}}})"
+
+
 def errors_and_processes() -> list[Panel | Row]:
     return [
         Row("Errors and XID"),
@@ -61,11 +67,13 @@ def errors_and_processes() -> list[Panel | Row]:
         table(
             "Memory errors",
             "Volatile ECC errors since the driver loaded, HBM rows remapped to spares, and remaps pending a "
-            "reset or failed. Uncorrected errors and remap failures need the GPU drained and serviced.",
+            "reset or failed. Uncorrected errors and remap failures need the GPU drained and serviced. The "
+            "counters are served from their first error: a GPU with row remapping that never had one "
+            "reads 0.",
             COUNT,
-            Target(f'sum by ({BY_GPU}) (gpumon_gpu_ecc_errors_total{{{GPU},type="corrected"}})'),
-            Target(f'sum by ({BY_GPU}) (gpumon_gpu_ecc_errors_total{{{GPU},type="uncorrected"}})'),
-            Target(f"sum by ({BY_GPU}) (gpumon_gpu_remapped_rows_total{{{GPU}}})"),
+            Target(_or_none(f'gpumon_gpu_ecc_errors_total{{{GPU},type="corrected"}}')),
+            Target(_or_none(f'gpumon_gpu_ecc_errors_total{{{GPU},type="uncorrected"}}')),
+            Target(_or_none(f"gpumon_gpu_remapped_rows_total{{{GPU}}}")),
             Target(f"max by ({BY_GPU}) (gpumon_gpu_row_remap_pending{{{GPU}}})"),
             Target(f"max by ({BY_GPU}) (gpumon_gpu_row_remap_failure{{{GPU}}})"),
             columns={

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from gpumon.dashboards.builder import Panel, Row, Target
+from gpumon.dashboards.node_network import nic_utilization
 from gpumon.dashboards.panels import (
     COUNT,
     HIGHER_IS_BETTER,
@@ -18,6 +19,7 @@ JOB = 'job_name=~"$job_name"'  # recording-rule series: job_name only, they span
 RAW = 'job=~"$job",instance=~"$instance",job_name=~"$job_name"'
 NODE_OF_JOB = 'instance=~"$instance",job_name=~"$job_name"'  # instance_job_name: rules
 RANK = "{{job_name}} {{node}} rank {{rank}}"
+_NODE_SELECTION = 'job=~"$job",instance=~"$instance"'
 NODE = "{{job_name}} {{node}}"
 
 
@@ -74,6 +76,24 @@ def diagnosis() -> list[Panel | Row]:
                     f" * on(job, instance, uuid) group_right() {gpus})"
                 ),
                 NODE,
+            ),
+            hi=1,
+        ),
+        timeseries(
+            "NIC use of the job's ranks",
+            "Per rank, the busiest of the RDMA NICs nearest its GPUs (gpumon_gpu_nic_affinity_info), its "
+            "busier direction as a share of line rate over the rate interval. Set against the phase shares: "
+            "ranks long in communication with their NICs near line rate while communicating are "
+            "network-bound; with their NICs low they wait for a slower peer (the stragglers below).",
+            RATIO,
+            Target(
+                named(
+                    f"max by (job_name, instance, rank) ({nic_utilization(_NODE_SELECTION)}"
+                    " * on (job, instance, device) group_right ()"
+                    f" max by (job, instance, job_name, rank, device) (gpumon_training_rank_gpu_info{{{RAW}}}"
+                    " * on (job, instance, uuid) group_left (device) gpumon_gpu_nic_affinity_info))"
+                ),
+                RANK,
             ),
             hi=1,
         ),

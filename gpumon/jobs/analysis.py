@@ -29,6 +29,7 @@ from gpumon.jobs.memoryview import rank_estimate
 from gpumon.jobs.report import Report
 from gpumon.jobs.store import JobStore, RankView
 from gpumon.jobs.window import SIDE_PHASES, Rates, measure
+from gpumon.net.history import NicHistory, NicUse
 
 log = logging.getLogger(__name__)
 # "3g.40gb": a GPU instance of 3 slices; "1c.3g.71gb": a compute instance of 1 slice inside one
@@ -122,6 +123,7 @@ class Analysis:
         self.peak_override = dict(peak_override or {})  # dtype → FLOP/s per GPU, for GPUs the table lacks
         self.clock = clock
         self.history = GpuHistory()
+        self.nic_history = NicHistory()
         self.liveness = Liveness(proc)
         self.speeds = SpeedReference()
         self.holds = VerdictHold()
@@ -134,13 +136,17 @@ class Analysis:
     def observe(self, snap: Snapshot | None = None) -> None:
         """Feed the GPU history a snapshot (default: the latest); a sampler listener, so the history has
         every sweep whatever the report and scrape traffic. Cheap when the snapshot was seen already."""
-        self.history.observe(self.source() if snap is None else snap, self.window)
+        snap = self.source() if snap is None else snap
+        self.history.observe(snap, self.window)
+        self.nic_history.observe(snap, self.window)
 
     def jobs(self, now: float | None = None, only: str | None = None) -> list[JobResult]:
         """Every job on this node, or just ``only`` (its GPUs' sharers still count every job's ranks)."""
         now = self.clock() if now is None else now
         snap = self.source()
         self.history.observe(snap, self.window)
+        self.nic_history.observe(snap, self.window)
+        nearest = {uuid: nic for uuid, nic, _ in snap.nic_affinity} if snap is not None else {}
         views = self.store.views(now)
         resolved: dict[tuple[str, int], list[Found]] = {
             (v.report.job, v.report.rank): resolve(v.report.devices, v.report.pid, snap) for v in views
@@ -184,12 +190,16 @@ class Analysis:
                     neighbours[found] = tuple(others), tuple(f"{o} (GPU {w.index})" for o in others)
                 uses.append(GpuUse(w, f.via, sharers[f.key], *neighbours[found]))
             elsewhere = max(0, v.report.world_size - len(here[v.report.job]))
-            by_job.setdefault(v.report.job, []).append(self._rank(v, tuple(uses), elsewhere, now))
+            nics = [nearest[u.window.uuid] for u in uses if u.window.uuid in nearest]
+            nic = self.nic_history.use(nics, end, span) if nics else None
+            by_job.setdefault(v.report.job, []).append(self._rank(v, tuple(uses), elsewhere, nic, now))
         if only is None:
             self.liveness.forget({(v.report.job, v.report.rank, v.report.incarnation) for v in views})
         return [self._job(job, ranks, now) for job, ranks in sorted(by_job.items())]
 
-    def _rank(self, v: RankView, uses: tuple[GpuUse, ...], elsewhere: int, now: float) -> RankResult:
+    def _rank(
+        self, v: RankView, uses: tuple[GpuUse, ...], elsewhere: int, nic: NicUse | None, now: float
+    ) -> RankResult:
         r = v.report
         rates = measure(v, v.received if r.final else now, self.window)
         peak = self._peak(v, uses)
@@ -206,7 +216,7 @@ class Analysis:
             (r.job, r.rank, r.incarnation), r.pid, r.started, r.process_started, now
         ):
             exited = f"pid {r.pid} exited or was killed without its final report"
-        signals = self._signals(v, rates, uses, mfu, exited, elsewhere, now)
+        signals = self._signals(v, rates, uses, mfu, exited, elsewhere, nic, now)
         key = (r.job, r.rank, r.incarnation)  # a restarted process starts afresh
         verdict = diagnose(signals, self.thresholds, lambda raw: self.holds.hold(key, raw, now))
         gone = "finished" if r.final else "exited" if exited else "silent" if _silent(v, now) else None
@@ -256,6 +266,7 @@ class Analysis:
         mfu: float | None,
         exited: str | None,
         elsewhere: int,
+        nic: NicUse | None,
         now: float,
     ) -> Signals:
         r = v.report
@@ -304,6 +315,10 @@ class Analysis:
             unknown_devices=tuple(r.devices) if r.devices and not uses else (),
             open_phase=_open_phase(v, now),
             peers_elsewhere=elsewhere,
+            nics=() if nic is None else nic.nics,
+            nic_utilization=None if nic is None else nic.utilization,
+            nic_errors=None if nic is None else nic.errors,
+            nics_down=() if nic is None else nic.down,
             **_setup_signals(r, uses),
             **gpu,
         )
@@ -370,6 +385,11 @@ class Analysis:
             unknown_devices=tuple(dict.fromkeys(d for s in sig for d in s.unknown_devices)),
             open_phase=max((s.open_phase for s in sig if s.open_phase), key=lambda o: o[1], default=None),
             peers_elsewhere=max(s.peers_elsewhere for s in sig),
+            # ranks here may share a NIC: the busiest and the most erroring speak for the job
+            nics=tuple(sorted({n for s in sig for n in s.nics})),
+            nic_utilization=_max([s.nic_utilization for s in sig]),
+            nic_errors=_max([s.nic_errors for s in sig]),
+            nics_down=tuple(sorted({d for s in sig for d in s.nics_down})),
             **_worst_setup(sig),
             **_gpu_signals(sig),
         )

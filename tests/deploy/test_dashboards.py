@@ -327,6 +327,7 @@ def test_queries_mean_what_their_panels_say(tmp_path: Path) -> None:
     )
     other = 'job="other",instance="d:9478"'
     xid74 = 'xid="74",severity="critical"'
+    jv = 'job_name="j",via="device"'
     series = {
         # a gpumon job whose exporters all went down at 30m (their build info is stale by 60m), one all up
         'up{job="down",instance="x:9478"}': "1x30 0x30",
@@ -363,8 +364,31 @@ def test_queries_mean_what_their_panels_say(tmp_path: Path) -> None:
         f'gpumon_training_job_step_duration_seconds_sum{{{a},job_name="j"}}': "0+120x60",
         f'gpumon_training_job_step_duration_seconds_count{{{b},job_name="j"}}': "0+350x60",
         f'gpumon_training_job_step_duration_seconds_sum{{{b},job_name="j"}}': "0+120x60",
+        # node a's two NDR ports (50 GB/s): mlx5_0 receives 25 GB/s and sends 10, mlx5_1 receives 5 and
+        # sends 40 and is down; rank 0 of job j runs on GPU 0 (nearest mlx5_0), rank 1 on GPU 1 (mlx5_1)
+        **{
+            f'gpumon_nic_{d}_bytes_total{{{a},device="mlx5_{n}",port="1"}}': f"0+{int(rate * 60)}x60"
+            for n, d, rate in (
+                (0, "receive", 25e9),
+                (0, "transmit", 10e9),
+                (1, "receive", 5e9),
+                (1, "transmit", 40e9),
+            )
+        },
+        f'gpumon_nic_link_speed_bytes_per_second{{{a},device="mlx5_0",port="1"}}': "50000000000x60",
+        f'gpumon_nic_link_speed_bytes_per_second{{{a},device="mlx5_1",port="1"}}': "50000000000x60",
+        f'gpumon_nic_up{{{a},device="mlx5_0",port="1"}}': "1x60",
+        f'gpumon_nic_up{{{a},device="mlx5_1",port="1"}}': "0x60",
+        f'gpumon_gpu_nic_affinity_info{{{a},gpu="0",uuid="GPU-a0",device="mlx5_0",path="PIX"}}': "1x60",
+        f'gpumon_gpu_nic_affinity_info{{{a},gpu="1",uuid="GPU-a1",device="mlx5_1",path="PIX"}}': "1x60",
+        **{
+            f'gpumon_training_rank_gpu_info{{{a},{jv},rank="{n}",gpu="{n}",uuid="GPU-a{n}"}}': "1x60"
+            for n in (0, 1)
+        },
+        'instance:gpumon_node:info{instance="a:9478",node="node-a"}': "1x60",
     }
     fleet, training, node = "gpumon-fleet", "gpumon-training", "gpumon-node"
+    nic_use = panel_query(training, "NIC use of the job's ranks", job_name="j")
     expected = [
         (panel_query(fleet, "Exporters down"), {}, 2),
         (panel_query(fleet, "Exporters down", job="gpumon"), {}, 0),  # all up: 0, not no data
@@ -375,6 +399,15 @@ def test_queries_mean_what_their_panels_say(tmp_path: Path) -> None:
         (f"sum({panel_query(fleet, 'XID errors by node and code')})", {}, 4),
         (f"count({panel_query(node, 'XID errors')})", {}, 2),
         (panel_query(training, "Step time vs baseline", "B"), {"job_name": "j"}, 1.0),
+        # each rank's nearest NIC, its busier direction: 0.5 (mlx5_0 receiving) and 0.8 (mlx5_1 sending)
+        (f"sum({nic_use})", {}, 1.3),
+        (f"max({nic_use})", {}, 0.8),
+        (f"max({panel_query(node, 'NIC throughput, of line rate', 'B')})", {}, 0.8),
+        (f"sum({panel_query(node, 'NIC throughput')})", {}, 30e9),
+        # no error counted: 0 per port, not no data
+        (f"count({panel_query(node, 'NIC errors')})", {}, 2),
+        (panel_query(node, "NIC ports up"), {"instance": "a:9478"}, 0.5),
+        (f"count({panel_query(node, 'Nearest NIC of each GPU')})", {}, 2),
     ]
     tests = [
         {

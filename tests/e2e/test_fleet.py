@@ -822,7 +822,10 @@ def test_waiting_for_a_straggler_is_not_called_communication_bound(run: Run) -> 
     ]
     assert settled, run.verdicts
     assert not [s for s in settled if "communication-bound" in s[1]], settled
-    assert "waiting in communication" in settled[-1][1], settled[-1]
+    # the simulated NICs idle while node-0's ranks wait (their collectives move data only for the time
+    # they took while the job kept pace): the verdict says so from this node, with the NICs' figures
+    assert settled[-1][1].startswith("waiting on peers"), settled[-1]
+    assert "of their line rate in them" in settled[-1][1], settled[-1]
 
 
 # ---- the same on VictoriaMetrics and vmalert ---------------------------------------------------------------

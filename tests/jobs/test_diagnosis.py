@@ -275,3 +275,54 @@ def test_a_node_that_sees_its_ranks_wait_for_peers_elsewhere_does_not_claim_the_
     assert diagnose(saturated, T).summary.startswith("communication-bound")
     # the configured link threshold, not the default, decides what saturated means
     assert diagnose(saturated, Thresholds(link_busy=0.95)).summary.startswith("waiting in communication")
+
+
+MULTI = {"progressing": True, "utilization": 0.6, "communication_share": 0.45, "peers_elsewhere": 14}
+
+
+def test_a_rank_in_collectives_with_busy_nics_is_network_bound_and_says_their_figures() -> None:
+    s = Signals(**MULTI, nics=("mlx5_0",), nic_utilization=0.41)
+    v = diagnose(s, T)
+    assert v.bottleneck == "communication" and "waiting_on_peers" not in v.findings
+    assert v.summary.startswith("communication-bound: 45 % of wall time in communication")
+    assert "its NICs at 91 % of line rate while communicating (41 % over the window)" in v.summary
+    nic = next(e for e in v.evidence if e.signal == "nic_utilization_in_communication")
+    assert nic.value == pytest.approx(0.41 / 0.45) and nic.threshold == T.nic_busy and nic.met
+    assert v.advice == ADVICE["communication"]
+
+
+def test_a_rank_in_collectives_with_idle_nics_waits_on_peers() -> None:
+    s = Signals(**MULTI, nics=("mlx5_0", "mlx5_1"), nic_utilization=0.09)
+    v = diagnose(s, T)
+    assert v.bottleneck == "communication"  # the one-hot label the job rules average
+    assert "waiting_on_peers" in v.findings
+    assert v.summary.startswith("waiting on peers: 45 % of wall time in collectives with 14 ranks")
+    assert "(mlx5_0, mlx5_1) carry 20 % of their line rate" in v.summary
+    assert "communication-bound" not in v.summary and "straggler" in v.advice
+    nic = next(e for e in v.evidence if e.signal == "nic_utilization_in_communication")
+    assert nic.met is False
+    # the threshold is the configured one
+    assert "waiting_on_peers" not in diagnose(s, Thresholds(nic_busy=0.15)).findings
+
+
+def test_nic_errors_or_a_port_down_make_the_network_the_suspect_however_idle() -> None:
+    erring = diagnose(Signals(**MULTI, nics=("mlx5_0",), nic_utilization=0.05, nic_errors=12.0), T)
+    assert "waiting_on_peers" not in erring.findings and "nic_errors" in erring.findings
+    assert (
+        erring.summary.startswith("communication-bound") and "12 NIC errors in the window" in erring.summary
+    )
+    assert any("NIC mlx5_0: 12 errors in the window" in n for n in erring.notes)
+    down = diagnose(Signals(**MULTI, nics=("mlx5_0",), nic_utilization=0.0, nics_down=("mlx5_0/1",)), T)
+    assert "nic_errors" in down.findings and "port mlx5_0/1 not ACTIVE" in down.summary
+
+
+def test_without_nic_evidence_or_peers_elsewhere_the_nics_say_nothing() -> None:
+    # no NIC reading in the window (one point): the ambiguous wording of a node that cannot tell
+    unread = diagnose(Signals(**MULTI, nics=("mlx5_0",), nic_utilization=None), T)
+    assert unread.summary.startswith("waiting in communication") and unread.advice == WAIT_ADVICE
+    # a job all on this node: its collectives stay on NVLink, its NICs' idleness is no evidence
+    alone = {**MULTI, "peers_elsewhere": 0}
+    v = diagnose(Signals(**alone, nics=("mlx5_0",), nic_utilization=0.0, nic_errors=3.0), T)
+    assert v.summary == "communication-bound: 45 % of wall time in communication, link use n/a"
+    assert not {"waiting_on_peers", "nic_errors"} & set(v.findings)
+    assert not [e for e in v.evidence if e.signal.startswith("nic")]

@@ -3,6 +3,7 @@ and a verdict that does not flip with one window."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -17,12 +18,14 @@ from gpumon.client.model import preset
 from gpumon.client.process.start import process_start_time
 from gpumon.client.protocol import MODEL_FIELDS
 from gpumon.gpu.sim.device import SimProcess
+from gpumon.gpu.snapshot import Snapshot
 from gpumon.jobs.analysis import SETTLED_POINTS, Analysis
 from gpumon.jobs.collector import IngestStats, TrainingCollector
 from gpumon.jobs.diagnosis.state import REFERENCE_EVERY, SpeedReference, VerdictHold
 from gpumon.jobs.jobjson import job_json
 from gpumon.jobs.report import parse
 from gpumon.jobs.store import JobStore
+from gpumon.net.rdma import RdmaPort
 
 
 @pytest.fixture
@@ -373,6 +376,45 @@ def test_a_job_with_ranks_on_other_nodes_waits_in_communication(gpu) -> None:
     assert job.verdict.bottleneck == "communication"
     assert job.verdict.summary.startswith("waiting in communication: 45 % of wall time in collectives with 6")
     assert all(r.verdict.summary.startswith("waiting in communication") for r in job.ranks)
+
+
+@pytest.mark.parametrize(
+    ("nic_busy", "summary"),
+    [
+        (0.41, "communication-bound: 45 % of wall time in communication, link use n/a, its NICs at 91 %"),
+        (0.05, "waiting on peers: 45 % of wall time in collectives with 6 ranks on other nodes, while its "
+         "NICs (mlx5_0) carry 11 % of their line rate in them (5 % over the window)"),
+    ],
+)  # fmt: skip
+def test_the_nics_nearest_a_spread_jobs_gpus_tell_the_network_from_a_slower_peer(
+    gpu, nic_busy: float, summary: str
+) -> None:
+    """The same two ranks of eight, beside the GPU's nearest NIC read twice 10 s apart (inside the ranks' 20 s
+    of steps): near line rate while they communicate, the network is the bottleneck; idle, they wait for a
+    slower peer elsewhere."""
+    _, sampler = gpu
+    snap = sampler.sweep()
+    uuid = snap.gpus[0].info.uuid
+
+    def read(at: float, moved: float) -> Snapshot:
+        port = RdmaPort(
+            "mlx5_0", 1, "InfiniBand", "ACTIVE", "LinkUp", 5e10, int(moved), int(moved), None, None
+        )
+        return dataclasses.replace(snap, nics=(port,), nics_at=at, nic_affinity=((uuid, "mlx5_0", "PIX"),))
+
+    now = time.time()
+    s = store()
+    for rank, pid in ((0, 101), (1, 102)):
+        ingest_rank(s, "spread", pid=pid, rank=rank, world_size=8, phases_per_step={"communication": 0.225})
+    later = read(now, nic_busy * 5e10 * 10)
+    analysis = Analysis(s, lambda: later)
+    analysis.observe(read(now - 10, 0.0))
+    (job,) = analysis.jobs(now)
+    assert job.signals.nics == ("mlx5_0",) and job.signals.nic_utilization == pytest.approx(nic_busy)
+    assert job.verdict.bottleneck == "communication"
+    assert job.verdict.summary.startswith(summary), job.verdict.summary
+    assert all(r.verdict.summary == job.verdict.summary for r in job.ranks)
+    assert ("waiting_on_peers" in job.verdict.findings) == (nic_busy < 0.2)
 
 
 def test_a_restart_carried_from_another_node_reaches_metrics_once_its_series_exist(gpu) -> None:

@@ -51,8 +51,8 @@ TTR_TARGET = 30.0  # seconds from the onset to the right verdict
 ACCURACY_TARGET = 0.9
 HW_SLOWDOWN = 0x8  # nvmlClocksEventReasonHwSlowdown: the simulator's slowdown fault raises it
 IDLE_UTILIZATION = 0.05
-# one simulated node for every scenario but the README's: GPU 0 in MIG mode (a --sim-job on it), 1-23 whole
-MAIN_SPEC = "1xH100-SXM/mig=3g.40gb+2g.20gb+1g.10gb,23xH100-SXM"
+# one simulated node for every scenario but the README's: GPU 0 in MIG mode (a --sim-job on it), 1-27 whole
+MAIN_SPEC = "1xH100-SXM/mig=3g.40gb+2g.20gb+1g.10gb,27xH100-SXM"
 # the README's quickstart (--simulate-if-no-gpu there; here always simulated, whatever the machine has)
 README_ARGS = ("--simulate", "8xH100-SXM", "--sim-job", "llama-70b:0-5")
 README_ARGS += ("--sim-job", "finetune:6-7:data_wait=0.45")
@@ -231,6 +231,21 @@ SCENARIOS: tuple[Scenario, ...] = (
         "a --sim-job on GPU 0, in MIG mode (SDK loops cannot drive a MIG GPU in the simulator)",
         (Expect("mig-slice", "compute"),),
         sim_jobs=("mig-slice:0:data_wait=0.03:comm=0.10",),
+    ),
+    # ranks of 16-rank jobs, two on this node: the simulated NICs carry their all-reduce, and tell a job
+    # waiting for a slower peer elsewhere (its NICs idle) from one the network holds back
+    Scenario(
+        "network-bound",
+        "a --sim-job on GPUs 24-25, 2 of 16 ranks, 45 % of each step in an all-reduce at line rate",
+        (Expect("network-bound", "communication", no_findings=("waiting_on_peers",)),),
+        sim_jobs=("network-bound:24-25:0/16:comm=0.45",),
+    ),
+    Scenario(
+        "peer-wait",
+        "a --sim-job on GPUs 26-27, 2 of 16 ranks, 45 % of each step in collectives, 35 % of it waiting for "
+        "a slower peer elsewhere while the NICs idle",
+        (Expect("peer-wait", "communication", findings=("waiting_on_peers",)),),
+        sim_jobs=("peer-wait:26-27:0/16:comm=0.45:peer_wait=0.35",),
     ),
     _steady("inference", 18, "compute", "--kind inference --step 0.2"),
     Scenario(

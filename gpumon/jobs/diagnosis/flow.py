@@ -16,12 +16,17 @@ from gpumon.jobs.diagnosis.signals import Evidence, Signals, Thresholds, Verdict
 from gpumon.jobs.diagnosis.wording import (
     ADVICE,
     OPEN_ADVICE,
+    PEER_ADVICE,
     WAIT_ADVICE,
     clocks_note,
     flops_note,
     link_use,
+    network_busy,
+    nic_in_communication,
+    nic_note,
     setup_note,
     shared_note,
+    spans_nics,
     summary,
     unknown_device_note,
     waits_on_peers,
@@ -63,6 +68,9 @@ def diagnose(s: Signals, t: Thresholds, settle: Callable[[str], str] | None = No
     }
     if s.shared_with:
         ev["shared_busy"] = _check("shared_gpu_utilization", s.shared_utilization, t.low_utilization, ">=")
+    if spans_nics(s):
+        ev["nic"] = _check("nic_utilization_in_communication", nic_in_communication(s), t.nic_busy, ">=")
+        ev["nic_errors"] = _check("nic_errors", s.nic_errors, 1, ">=", "count")
     compute = (
         bool(ev["tensor_busy"].met or ev["sm_busy"].met)
         or (s.tensor_active is None and s.sm_active is None and bool(ev["util_busy"].met))
@@ -77,7 +85,7 @@ def diagnose(s: Signals, t: Thresholds, settle: Callable[[str], str] | None = No
         (
             "communication",
             bool(ev["communication"].met) or (bool(ev["link"].met) and bool(ev["sm_idle"].met)),
-            ("communication", "link", "sm_idle"),
+            ("communication", "link", "sm_idle", "nic", "nic_errors"),
         ),
         # clocks held down are the bottleneck only when the job paid for them: a brief excursion, or a
         # limit the job does not feel, is a finding (clocks_limited)
@@ -121,17 +129,24 @@ def diagnose(s: Signals, t: Thresholds, settle: Callable[[str], str] | None = No
     if s.shared_with:
         findings.append("gpu_shared")
         notes.append(shared_note(s))
+    if spans_nics(s) and ((s.nic_errors or 0.0) >= 1 or s.nics_down):
+        findings.append("nic_errors")
+        notes.append(nic_note(s))
     if s.finished:
         findings.append("finished")
     evidence = tuple(dict.fromkeys(ev[k] for k in (*used, *ev) if k in ev))
     waiting = verdict == "communication" and waits_on_peers(s, t)
-    line = summary("communication_wait" if waiting else verdict, s)
+    # the NICs idle while the rank waits in collectives: a slower peer, not the network
+    peer = waiting and network_busy(s, t) is False
+    if peer:
+        findings.append("waiting_on_peers")
+    line = summary("peer_wait" if peer else "communication_wait" if waiting else verdict, s)
     if held is not None:
         # the figures are this window's, and may no longer meet the verdict held: say so, not a contradiction
         line = f"{verdict} (held while a change settles; this window reads {held}): {line}"
     if s.finished and verdict != "gpu_down":
         line = f"finished; over its last window {line}"
-    advice = WAIT_ADVICE if waiting else ADVICE[verdict]
+    advice = PEER_ADVICE if peer else WAIT_ADVICE if waiting else ADVICE[verdict]
     if verdict in ("stalled", "idle") and s.open_phase is not None:
         advice = OPEN_ADVICE.get(s.open_phase[0], advice)
     return Verdict(verdict, line, advice, evidence, tuple(findings), tuple(notes))

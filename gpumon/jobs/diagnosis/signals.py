@@ -32,6 +32,10 @@ class Thresholds:
     data_wait_share: float = 0.15  # share of wall time in data_wait that makes a job input-bound
     communication_share: float = 0.30  # share of wall time in communication that makes it network-bound
     link_busy: float = 0.70  # NVLink or PCIe use, of its peak, that counts as saturated
+    # the line rate the NICs nearest a rank's GPUs carry while it communicates (their use over the window
+    # divided by its communication share) that makes the network busy: a rank in collectives across nodes
+    # with its NICs below this waits for a slower peer rather than for the network
+    nic_busy: float = 0.50
     sm_idle: float = 0.50  # SM activity below this while links are saturated: waiting on the network
     throttled_share: float = 0.25  # share of samples with a thermal or hardware clock reason
     memory_pressure: float = 0.90  # HBM used, of total (seed 003: > 80 % may become, > 90 % is one)
@@ -128,6 +132,12 @@ class Signals:
     # ranks of the job on other nodes (its world size less its ranks here): time in collectives may be a
     # wait for one of them, which this node cannot see
     peers_elsewhere: int = 0
+    # the RDMA NICs nearest the rank's GPUs (gpumon/net), over the window: the busiest port's busier
+    # direction as a share of its line rate, the error counters' growth, and the ports not ACTIVE now
+    nics: tuple[str, ...] = ()
+    nic_utilization: float | None = None
+    nic_errors: float | None = None
+    nics_down: tuple[str, ...] = ()
 
     @property
     def current_utilization(self) -> float | None:

@@ -55,11 +55,49 @@ WAIT_ADVICE = (
 )
 
 
+# the advice when the NICs show the wait is not the network's
+PEER_ADVICE = (
+    "The ranks here wait in collectives for ranks on other nodes while their NICs idle: the network is not "
+    "the limit, a slower peer is (every rank waits for the slowest in each collective). The job view names "
+    "it: instance_job_name:gpumon_training_straggler:ratio and the GpumonTrainingStragglerNode/Rank alerts; "
+    "fix or drain that node or rank. With none named, look for a peer whose own NICs are saturated or "
+    "erroring (a degraded link slows only its own node's collectives)."
+)
+
+
+def nic_in_communication(s: Signals) -> float | None:
+    """The line rate the rank's NICs carried while it communicated: their use over the window divided by
+    its communication share (a job that communicates a third of the time at full speed reads 1)."""
+    if s.nic_utilization is None or not s.communication_share:
+        return None
+    return min(1.0, s.nic_utilization / s.communication_share)
+
+
+def spans_nics(s: Signals) -> bool:
+    """The job has ranks on other nodes and the NICs nearest its GPUs here are known: its collectives cross
+    them."""
+    return bool(s.nics) and s.peers_elsewhere > 0
+
+
+def network_busy(s: Signals, t: Thresholds) -> bool | None:
+    """Whether the NICs nearest the rank's GPUs are the limit: busy while it communicates, erroring, or a
+    port down. None: no NIC evidence (no NIC known, too few readings, or a job all on this node, whose
+    collectives stay on NVLink and PCIe)."""
+    if not spans_nics(s):
+        return None
+    if s.nics_down or (s.nic_errors or 0.0) >= 1:
+        return True
+    busy = nic_in_communication(s)
+    return None if busy is None else busy >= t.nic_busy
+
+
 def waits_on_peers(s: Signals, t: Thresholds) -> bool:
-    """Time in collectives of a job with ranks on other nodes, this node's links not saturated: it may be a
-    wait for a slower peer as much as a slow network, and only the job's view across nodes can tell."""
+    """Time in collectives of a job with ranks on other nodes, this node's links not saturated and its NICs
+    not busy: a wait for a slower peer (the NICs idle meanwhile) or, without NIC evidence, a slow network as
+    much as a slower peer, which only the job's view across nodes can tell apart."""
     link = link_use(s)
-    return s.peers_elsewhere > 0 and (link is None or link < t.link_busy)
+    saturated = link is not None and link >= t.link_busy
+    return s.peers_elsewhere > 0 and not saturated and network_busy(s, t) is not True
 
 
 def link_use(s: Signals) -> float | None:
@@ -157,12 +195,18 @@ _SUMMARIES: dict[str, Callable[[Signals], str]] = {
     ),
     "communication": lambda s: (
         f"communication-bound: {_pct(s.communication_share)} of wall time in "
-        f"communication, link use {_pct(link_use(s))}"
+        f"communication, link use {_pct(link_use(s))}{_network(s)}"
     ),
     "communication_wait": lambda s: (
         f"waiting in communication: {_pct(s.communication_share)} of wall time in collectives with "
         f"{s.peers_elsewhere} ranks on other nodes, link use {_pct(link_use(s))}; a slow network and a "
         "slower peer look the same from this node: the job's view across nodes says which"
+    ),
+    "peer_wait": lambda s: (
+        f"waiting on peers: {_pct(s.communication_share)} of wall time in collectives with "
+        f"{s.peers_elsewhere} ranks on other nodes, while its NICs ({', '.join(s.nics)}) carry "
+        f"{_pct(nic_in_communication(s))} of their line rate in them ({_pct(s.nic_utilization)} over the "
+        "window): not the network, a slower peer holds the collectives back"
     ),
     "throttled": lambda s: (
         f"throttled: thermal or hardware clock limits active in {_pct(s.throttled_share)} of samples, and "
@@ -205,6 +249,35 @@ OPEN_ADVICE = {
     "evaluation": "The loop is evaluating: if it takes longer than expected, check the evaluation set's size "
     "and its data loader; shorten or space out evaluations if they cost too much.",
 }
+
+
+def _network(s: Signals) -> str:
+    """The NICs' side of a communication verdict, where they are known and carry the job's collectives."""
+    if not spans_nics(s):
+        return ""
+    parts = []
+    if (busy := nic_in_communication(s)) is not None:
+        window = _pct(s.nic_utilization)
+        parts.append(f"its NICs at {_pct(busy)} of line rate while communicating ({window} over the window)")
+    if s.nic_errors:
+        parts.append(f"{s.nic_errors:.0f} NIC errors in the window")
+    if s.nics_down:
+        parts.append(f"port {', '.join(s.nics_down)} not ACTIVE")
+    return "".join(f", {p}" for p in parts)
+
+
+def nic_note(s: Signals) -> str:
+    """Errors or a port down on the NICs nearest the rank's GPUs."""
+    parts = []
+    if s.nic_errors:
+        parts.append(f"{s.nic_errors:.0f} errors in the window")
+    if s.nics_down:
+        parts.append(f"port {', '.join(s.nics_down)} not ACTIVE")
+    return (
+        f"NIC {', '.join(s.nics)}: {' and '.join(parts)}; its traffic to other nodes retries or fails over: "
+        "check the cable, the transceiver and the switch port (ibstat, ibqueryerrors; "
+        "gpumon_nic_errors_total names the counter)"
+    )
 
 
 def _inside(s: Signals) -> str:
