@@ -96,16 +96,27 @@ class Nearest:
 
 
 def nearest(sysfs: str, gpus: list[str], nics: dict[str, str]) -> list[Nearest]:
-    """For each GPU bus id, the nearest of ``nics`` (RDMA device → its PCI address), ties to the first in
-    ``nics``' order; GPUs or NICs sysfs does not place are left out."""
+    """For each GPU bus id (in NVML's order), the nearest of ``nics`` (RDMA device → its PCI address).
+    Among equally near NICs, the one serving the fewest GPUs so far, then the first in ``nics``' order: two
+    GPUs and two NICs behind one switch pair off (GPU 0 with the first, GPU 1 with the second), as NCCL
+    spreads them. By the PCI tree alone, never by a port's state: a link that goes down must not move its
+    GPUs to another NIC (the verdict would then read the other's idleness). GPUs or NICs sysfs does not place
+    are left out."""
     placed = {name: p for name, bus in nics.items() if (p := place(sysfs, bus)) is not None}
+    order = {name: i for i, name in enumerate(nics)}
+    serving: dict[str, int] = dict.fromkeys(placed, 0)
     out = []
     for gpu in gpus:
         g = place(sysfs, gpu)
         if g is None or not placed:
             continue
-        name, best = min(((n, path(g, p)) for n, p in placed.items()), key=lambda item: PATHS.index(item[1]))
-        out.append(Nearest(gpu, name, best))
+        paths = {n: path(g, p) for n, p in placed.items()}
+        best = min(PATHS.index(v) for v in paths.values())
+        name = min(
+            (n for n, v in paths.items() if PATHS.index(v) == best), key=lambda n: (serving[n], order[n])
+        )
+        serving[name] += 1
+        out.append(Nearest(gpu, name, paths[name]))
     return out
 
 

@@ -50,6 +50,16 @@ def report(
             "(SYS): its traffic to other nodes crosses the CPUs' interconnect. Place a NIC on that socket, "
             "or keep those GPUs out of multi-node jobs."
         )
+    present = {p.device for p in ports}
+    gone = sorted({n["nic"] for n in r.nearest if n["nic"] not in present})
+    if gone:
+        gpus_of = {nic: [str(n["gpu"]) for n in r.nearest if n["nic"] == nic] for nic in gone}
+        r.advice.append(
+            "RDMA device "
+            + "; ".join(f"{nic} (nearest NIC of GPU {', '.join(gpus_of[nic])})" for nic in gone)
+            + " is gone from /sys/class/infiniband: an adapter reset or unplugged, or its driver unloaded. "
+            "Check dmesg and `ibstat`; the GPUs' traffic to other nodes now crosses a farther NIC or fails."
+        )
     down = sorted({f"{p.device}/{p.port}" for p in ports if p.up is False})
     if down:
         r.advice.append(f"RDMA port {', '.join(down)} is not ACTIVE: check its cable and `ibstat`.")

@@ -20,6 +20,7 @@ from gpumon.net.rdma import ERRORS
 
 MAX_POINTS = 512  # per port: over an hour of readings every 5 s, far beyond any window
 KEEP_AFTER = 30.0  # seconds beyond the window: a finished rank is judged by a window that ended earlier
+MAX_GONE = 256  # NICs remembered as gone
 
 
 class _Point(NamedTuple):
@@ -38,13 +39,14 @@ class NicUse:
     nics: tuple[str, ...]  # their RDMA devices
     utilization: float | None  # the busiest port's busier direction, of its line rate; None: too few points
     errors: float | None  # the error counters' growth over the window, all ports together
-    down: tuple[str, ...]  # ports not ACTIVE now, as device/port
+    down: tuple[str, ...]  # ports not ACTIVE now, as device/port, and NICs gone from the readings
 
 
 class NicHistory:
     def __init__(self) -> None:
         self._points: dict[tuple[str, int], deque[_Point]] = {}
         self._seen: float | None = None
+        self._gone: set[str] = set()  # NICs an earlier reading had and the latest has not
         self._lock = threading.Lock()
 
     def observe(self, snap: Snapshot | None, window: float) -> None:
@@ -67,19 +69,26 @@ class NicHistory:
                 points.append(point)
                 while len(points) > 2 and points[1].t < at - window - KEEP_AFTER:
                     points.popleft()
+            before = {k[0] for k in self._points}
             for key in set(self._points) - live:  # a port gone (an adapter reset, unplugged)
                 del self._points[key]
+            now_read = {k[0] for k in live}
+            self._gone = (self._gone | (before - now_read)) - now_read
+            while len(self._gone) > MAX_GONE:  # names can churn (a hostile --sys-root tree)
+                self._gone.pop()
 
     def use(self, devices: Iterable[str], now: float, window: float) -> NicUse | None:
         """The ports of ``devices`` over [now - window, now]; None when none of them was read."""
         wanted = tuple(sorted(set(devices)))
         with self._lock:
+            gone = set(self._gone)
             ports = {k: [p for p in v if now - window <= p.t <= now] for k, v in self._points.items()}
         ports = {k: v for k, v in ports.items() if k[0] in wanted and v}
-        if not ports:
+        # a NIC that vanished from the readings (reset, unplugged, its driver unloaded) is down, not unknown
+        down = [f"{d} (gone)" for d in wanted if d in gone]
+        if not ports and not down:
             return None
         shares, grew = [], []
-        down = []
         for (device, port), points in sorted(ports.items()):
             first, last = points[0], points[-1]
             if last.up is False:

@@ -142,16 +142,25 @@ class NicReader:
         if key != self._key:
             uuid = {normalise(bus): u for u, bus in gpus}
             found = self.source.nearest([bus for _, bus in gpus], adapters)
-            self._nearest = tuple((uuid[normalise(n.gpu)], n.nic, n.path) for n in found)
+            fresh = {uuid[normalise(n.gpu)]: (n.nic, n.path) for n in found}
+            # a GPU whose nearest NIC vanished (an adapter reset or unplugged, its driver unloaded) keeps it:
+            # the verdict must see its NIC gone, not read another NIC's idleness
+            kept = {
+                u: (nic, p)
+                for u, nic, p in self._nearest
+                if nic not in adapters and any(u == g for g, _ in gpus)
+            }
+            merged = {**fresh, **kept}
+            self._nearest = tuple((u, *merged[u]) for u, _ in gpus if u in merged)
             self._key = key
         return self._nearest
 
 
 def candidates(ports: tuple[RdmaPort, ...]) -> dict[str, str]:
-    """Each adapter's PCI address, in the order a GPU's nearest is chosen among equally near ones: ACTIVE
-    ports first, then by name as a person counts (mlx5_2 before mlx5_10)."""
+    """Each adapter's PCI address, by name as a person counts (mlx5_2 before mlx5_10): the order a GPU's
+    nearest is chosen in among equally near ones, whatever the ports' state."""
     out: dict[str, str] = {}
-    for p in sorted(ports, key=lambda p: (p.up is not True, _natural(p.device))):
+    for p in sorted(ports, key=lambda p: _natural(p.device)):
         if p.pci_bus_id:
             out.setdefault(p.device, p.pci_bus_id)
     return out

@@ -313,7 +313,7 @@ def test_nic_errors_or_a_port_down_make_the_network_the_suspect_however_idle() -
     )
     assert any("NIC mlx5_0: 12 errors in the window" in n for n in erring.notes)
     down = diagnose(Signals(**MULTI, nics=("mlx5_0",), nic_utilization=0.0, nics_down=("mlx5_0/1",)), T)
-    assert "nic_errors" in down.findings and "port mlx5_0/1 not ACTIVE" in down.summary
+    assert "nic_errors" in down.findings and "ports not ACTIVE: mlx5_0/1" in down.summary
 
 
 def test_without_nic_evidence_or_peers_elsewhere_the_nics_say_nothing() -> None:

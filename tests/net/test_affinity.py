@@ -104,9 +104,13 @@ def test_gpudirect_rdma_needs_the_peer_memory_module(tmp_path: Path) -> None:
     assert peermem(str(tmp_path)) == "nvidia_peermem"
 
 
-def test_among_equally_near_nics_an_active_one_then_the_first_as_a_person_counts(tmp_path: Path) -> None:
+def test_equally_near_nics_pair_off_with_the_gpus_in_order_whatever_their_state(tmp_path: Path) -> None:
+    """Found by review: the nearest NIC among equals was the first ACTIVE one, so a GPU whose own NIC went
+    down moved to its neighbour's, and the verdict read that one's idleness as "waiting on peers"; and two
+    GPUs behind one switch both took the first NIC. Now: by the PCI tree alone, each next GPU the least
+    used of the equally near NICs, then the first as a person counts (mlx5_2 before mlx5_10)."""
     rc, rp, usp = "pci0000:17", "0000:17:01.0", "0000:18:00.0"
-    gpu = device(tmp_path, [rc, rp, usp, "0000:19:00.0", "0000:1a:00.0"])
+    gpus = [device(tmp_path, [rc, rp, usp, f"0000:19:0{i}.0", f"0000:1{i + 1}:00.0"]) for i in (4, 5)]
     buses = {
         name: device(tmp_path, [rc, rp, usp, f"0000:19:0{i + 1}.0", f"0000:2{i}:00.0"])
         for i, name in enumerate(("mlx5_10", "mlx5_2", "mlx5_3"))
@@ -115,7 +119,9 @@ def test_among_equally_near_nics_an_active_one_then_the_first_as_a_person_counts
     def port(name: str, state: str) -> RdmaPort:
         return RdmaPort(name, 1, "InfiniBand", state, "LinkUp", 5e10, 0, 0, 0, 0, pci_bus_id=buses[name])
 
-    ports = (port("mlx5_10", "ACTIVE"), port("mlx5_2", "DOWN"), port("mlx5_3", "ACTIVE"))
-    assert list(candidates(ports)) == ["mlx5_3", "mlx5_10", "mlx5_2"]
-    (found,) = nearest(str(tmp_path), [gpu], candidates(ports))
-    assert (found.nic, found.path) == ("mlx5_3", "PIX")
+    up = (port("mlx5_10", "ACTIVE"), port("mlx5_2", "ACTIVE"), port("mlx5_3", "ACTIVE"))
+    assert list(candidates(up)) == ["mlx5_2", "mlx5_3", "mlx5_10"]
+    found = nearest(str(tmp_path), gpus, candidates(up))
+    assert [(n.nic, n.path) for n in found] == [("mlx5_2", "PIX"), ("mlx5_3", "PIX")]
+    down = (port("mlx5_10", "ACTIVE"), port("mlx5_2", "DOWN"), port("mlx5_3", "ACTIVE"))
+    assert nearest(str(tmp_path), gpus, candidates(down)) == found

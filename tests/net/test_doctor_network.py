@@ -106,3 +106,18 @@ def test_doctor_prints_sysfs_strings_on_one_line_without_terminal_escapes() -> N
     lines = _network(Report("nvml", {}, 0, [], [], {}, 0, network=net))
     assert lines[0] == "NIC evil\\n[ok] x\\x1b[31m/1: Infini\\rBand  400 Gb/s  ACTIVE", lines
     assert all("\n" not in line and "\x1b" not in line for line in lines)
+
+
+def test_doctor_says_when_a_gpus_nearest_nic_is_gone() -> None:
+    """The reader keeps a vanished NIC as its GPUs' nearest (test_nic_history.py); doctor says so."""
+    from gpumon.net.doctor import report
+    from gpumon.net.rdma import RdmaPort
+
+    left = RdmaPort(
+        "mlx5_1", 1, "InfiniBand", "ACTIVE", "LinkUp", 5e10, 0, 0, 0, 0, pci_bus_id="0000:2b:00.0"
+    )
+    r = report(
+        {"GPU-a": 0, "GPU-b": 1}, (left,), (("GPU-a", "mlx5_0", "PIX"), ("GPU-b", "mlx5_1", "PIX")), None
+    )
+    (gone,) = [a for a in r.advice if "gone" in a]
+    assert gone.startswith("RDMA device mlx5_0 (nearest NIC of GPU 0) is gone from /sys/class/infiniband")

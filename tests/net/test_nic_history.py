@@ -78,13 +78,17 @@ def test_counters_that_go_back_give_no_rate_and_no_errors() -> None:
     assert h.use(["mlx5_0"], 5.0, 30.0).utilization == pytest.approx(0.2)
 
 
-def test_a_port_down_is_named_and_a_port_that_vanished_is_forgotten() -> None:
+def test_a_port_down_is_named_and_a_nic_that_vanished_is_down() -> None:
     h = NicHistory()
     h.observe(snap(0.0, port("mlx5_0", 0, 0), port("mlx5_1", 0, 0)), 30.0)
     h.observe(snap(5.0, port("mlx5_0", 0, 0, state="DOWN"), port("mlx5_1", 0, 0)), 30.0)
     assert h.use(["mlx5_0"], 5.0, 30.0).down == ("mlx5_0/1",)
     h.observe(snap(10.0, port("mlx5_0", 0, 0)), 30.0)  # mlx5_1 unplugged
-    assert h.use(["mlx5_1"], 10.0, 30.0) is None
+    # a GPU's nearest NIC gone is down, not unknown (found by review: the verdict took it for idle)
+    gone = h.use(["mlx5_1"], 10.0, 30.0)
+    assert gone is not None and gone.down == ("mlx5_1 (gone)",) and gone.utilization is None
+    h.observe(snap(15.0, port("mlx5_0", 0, 0), port("mlx5_1", 0, 0)), 30.0)  # back
+    assert h.use(["mlx5_1"], 15.0, 30.0).down == ()
 
 
 def test_a_clock_that_steps_back_starts_afresh() -> None:
@@ -101,3 +105,43 @@ def test_no_reading_adds_nothing() -> None:
     h.observe(None, 30.0)
     h.observe(dataclasses.replace(snap(0.0), nics=None, nics_at=None), 30.0)  # --no-nics
     assert h.use(["mlx5_0"], 0.0, 30.0) is None
+
+
+def test_a_gpus_nearest_nic_that_vanishes_stays_its_nearest_and_reads_gone() -> None:
+    """Found by review: a GPU whose NIC vanished was given the next NIC, and the verdict read that one's
+    idleness as "waiting on peers". The reader keeps the vanished NIC as the GPU's nearest; the history
+    says it is gone; the verdict calls the network."""
+    from gpumon.jobs.diagnosis import Signals, Thresholds, diagnose
+    from gpumon.net.affinity import Nearest
+    from gpumon.net.reader import NicReader
+
+    class Source:
+        def __init__(self) -> None:
+            self.devices = ["mlx5_0", "mlx5_1"]
+
+        def ports(self, detail: bool) -> tuple[RdmaPort, ...]:
+            return tuple(dataclasses.replace(port(d, 0, 0), pci_bus_id=f"0000:1{i}:00.0")
+                         for i, d in enumerate(self.devices))  # fmt: skip
+
+        def nearest(self, gpus: list[str], nics: dict[str, str]) -> list[Nearest]:
+            return [Nearest(g, sorted(nics)[0], "PIX") for g in gpus]  # the first left, as a farther one
+
+        def peermem(self) -> str | None:
+            return None
+
+    source = Source()
+    reader = NicReader(source)
+    gpus = [("GPU-0", "00000000:18:00.0")]
+    assert reader.read(gpus).nearest == (("GPU-0", "mlx5_0", "PIX"),)
+    source.devices = ["mlx5_1"]
+    r = reader.read(gpus)
+    assert r.nearest == (("GPU-0", "mlx5_0", "PIX"),)
+    h = NicHistory()
+    h.observe(snap(0.0, port("mlx5_0", 0, 0), port("mlx5_1", 0, 0)), 30.0)
+    h.observe(snap(5.0, port("mlx5_1", 0, 0)), 30.0)
+    use = h.use(["mlx5_0"], 5.0, 30.0)
+    s = Signals(progressing=True, communication_share=0.45, peers_elsewhere=8, nics=use.nics,
+                nic_utilization=use.utilization, nic_errors=use.errors, nics_down=use.down)  # fmt: skip
+    v = diagnose(s, Thresholds())
+    assert "waiting_on_peers" not in v.findings and "nic_errors" in v.findings
+    assert "mlx5_0 (gone)" in v.summary

@@ -262,7 +262,7 @@ def _network(s: Signals) -> str:
     if s.nic_errors:
         parts.append(f"{s.nic_errors:.0f} NIC errors in the window")
     if s.nics_down:
-        parts.append(f"port {', '.join(s.nics_down)} not ACTIVE")
+        parts.append(f"ports not ACTIVE: {', '.join(s.nics_down)}")
     return "".join(f", {p}" for p in parts)
 
 
@@ -272,7 +272,7 @@ def nic_note(s: Signals) -> str:
     if s.nic_errors:
         parts.append(f"{s.nic_errors:.0f} errors in the window")
     if s.nics_down:
-        parts.append(f"port {', '.join(s.nics_down)} not ACTIVE")
+        parts.append(f"ports not ACTIVE: {', '.join(s.nics_down)}")
     return (
         f"NIC {', '.join(s.nics)}: {' and '.join(parts)}; its traffic to other nodes retries or fails over: "
         "check the cable, the transceiver and the switch port (ibstat, ibqueryerrors; "
