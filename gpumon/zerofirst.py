@@ -34,7 +34,7 @@ class ZeroFirst:
         self._shown: dict[Key, tuple[float, int] | None] = {}
         self._born = born
         self.hold = hold
-        self._seen: set[Rank] = set()  # ranks exported by an earlier render
+        self._seen: set[Rank] = set()  # ranks exported by an earlier render, while retained
 
     def value(self, key: Key, value: float, now: float, process_started: float | None = None) -> float | None:
         """What to export for the counter this render: None (no series), 0, or its value.
@@ -68,4 +68,6 @@ class ZeroFirst:
         with self._lock:
             for key in [k for k in self._shown if (k[0], k[1]) not in wanted]:
                 del self._shown[key]
-            self._seen = set(exported)
+            # shown by any earlier render while retained: a rank (a GPU, a port) missing from one render,
+            # then back with a counter's first rise, must still show it at 0 first
+            self._seen = (self._seen | set(exported)) & wanted

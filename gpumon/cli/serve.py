@@ -169,6 +169,7 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
         max_age=settings.interval,
         connections=gate,
         fresh=sampler.fresh,
+        counter_hold=settings.counter_hold,
     )
     sampler.start()
     host, port = sock.getsockname()[:2]

@@ -39,6 +39,43 @@ def _family(m: M.Metric) -> Family:
     return cls(m.name, m.help, labels=m.labels)
 
 
+PORT_MEMORY = 3600.0  # seconds a port missing from the readings keeps its rare counters' state
+MAX_REMEMBERED_PORTS = 256  # and at most this many: device names can churn (a hostile --sys-root tree)
+
+
+def _gpu_owner(uuid: str) -> tuple[str, int]:
+    return (f"gpu:{uuid}", 0)
+
+
+def _port_owner(device: str, port: int) -> tuple[str, int]:
+    return (f"nic:{device}", port)
+
+
+class RareCounters:
+    """The RARE counters' state across builds: a ZeroFirst over GPUs and NIC ports (the "ranks" it keeps
+    apart), and the ports shown lately. A GPU down keeps its counters' state for when it answers again, and
+    so does a port missing from some readings (an adapter reset, a failed read) for PORT_MEMORY seconds."""
+
+    def __init__(self, born: float, hold: float) -> None:
+        self.first = ZeroFirst(born, hold)
+        self._ports: dict[tuple[str, int], float] = {}  # port owner -> when last shown
+
+    def value(
+        self, owner: tuple[str, int], name: str, labels: list[str], value: float, now: float
+    ) -> float | None:
+        return self.first.value((*owner, name, tuple(labels)), value, now, _HARDWARE)
+
+    def keep(self, shown: set[tuple[str, int]], gpus: list[tuple[str, int]], now: float) -> None:
+        for owner in shown:
+            if owner[0].startswith("nic:"):
+                self._ports[owner] = now
+        for owner in [k for k, t in self._ports.items() if not 0 <= now - t <= PORT_MEMORY]:
+            del self._ports[owner]
+        while len(self._ports) > MAX_REMEMBERED_PORTS:
+            del self._ports[min(self._ports, key=self._ports.__getitem__)]
+        self.first.keep(shown, {*gpus, *shown, *self._ports})
+
+
 # the hardware's counters of rare trouble, cumulative since the driver (or the adapter) loaded: most are 0 on
 # a healthy node, and a series per GPU, reason and type of them cost ~100 series of zeros on an HGX node. Each
 # is absent until it is first above 0 (gpumon/zerofirst.py), except those already above 0 when the daemon
@@ -57,14 +94,14 @@ class Families(dict[str, Family]):
         self,
         metrics: Iterable[M.Metric],
         details: frozenset[str],
-        first: ZeroFirst | None = None,
+        first: RareCounters | None = None,
         now: float = 0.0,
     ) -> None:
         super().__init__((m.name, _family(m)) for m in metrics if not m.detail or m.detail in details)
         self.details = details
         self.first = first
         self.now = now
-        self.shown: set[tuple[str, int]] = set()  # the GPUs (uuid, 0) and NIC ports shown this build
+        self.shown: set[tuple[str, int]] = set()  # the GPUs and NIC ports shown this build (their owners)
 
     def add(self, metric: M.Metric, labels: list[str], value: float) -> None:
         fam = self.get(metric.name)
@@ -77,7 +114,7 @@ class Families(dict[str, Family]):
         if self.first is None or metric.name not in RARE or metric.name not in self:
             self.add(metric, labels, value)
             return
-        shown = self.first.value((*owner, metric.name, tuple(labels)), value, self.now, _HARDWARE)
+        shown = self.first.value(owner, metric.name, labels, value, self.now)
         if shown is not None:
             self.add(metric, labels, shown)
 
@@ -135,7 +172,7 @@ def _add_gpu(f: Families, st: GpuStatus) -> None:
             counted = st.capabilities.get(f"throttle_time:{reason}") in ("supported", "error")
             if every or (reason in _COSTLY_REASONS and not counted):
                 f.add(M.THROTTLE_ACTIVE, [*gl, reason], 1 if r.throttle_reasons & bit else 0)
-    owner = (info.uuid, 0)
+    owner = _gpu_owner(info.uuid)
     f.shown.add(owner)
     for reason, seconds in r.throttle_seconds.items():
         f.counter(owner, M.THROTTLE_SECONDS, [*gl, reason], seconds)
@@ -267,7 +304,7 @@ def build_families(
     owner_labels: bool = False,
     node: str | None = None,
     details: frozenset[str] = frozenset(),
-    first: ZeroFirst | None = None,
+    first: RareCounters | None = None,
 ) -> list[Metric]:
     """``first``: where the RARE counters are shown from their first rise, kept across builds (None: every
     counter from 0)."""
@@ -306,16 +343,14 @@ def build_families(
         ):
             f.add(metric, [], value)
     for metric, labels, value in nic_samples(snap.nics or (), detail="nic-detail" in f.details):
-        port = (labels[0], int(labels[1]))
+        port = _port_owner(labels[0], int(labels[1]))
         f.shown.add(port)
         f.counter(port, metric, labels, value)
     for uuid, nic, path in snap.nic_affinity:
         if uuid in index:
             f.add(M.NIC_AFFINITY, [index[uuid], uuid, nic, path], 1)
     if first is not None:
-        # a GPU down keeps its counters' state for when it answers again; a port gone loses it
-        known = {(st.info.uuid, 0) for st in snap.gpus}
-        first.keep(f.shown, known | f.shown)
+        first.keep(f.shown, [_gpu_owner(st.info.uuid) for st in snap.gpus], snap.timestamp)
     # a family without samples is a quantity nobody here supports: leave it out entirely
     families: list[Metric] = [fam for fam in f.values() if fam.samples]
     if owner_labels:
@@ -364,7 +399,7 @@ class SnapshotCollector(PerSnapshotCollector):
         self.owner_labels = owner_labels
         self.node = node
         self.details = details
-        self.first = ZeroFirst(time.time(), counter_hold)
+        self.first = RareCounters(time.time(), counter_hold)
 
     def describe(self) -> list[Metric]:
         """Every family this collector can yield: lets ``name[]`` filtering and duplicate checks work."""

@@ -41,11 +41,14 @@ def build_registry(
     connections: Gate | None = None,
     details: frozenset[str] = frozenset(),
     compat_host_label: str = "Hostname",
+    counter_hold: float = 60.0,
 ) -> CollectorRegistry:
+    """``counter_hold``: --counter-hold, for the GPU flow's rare counters (the training flow has its own)."""
     registry = CollectorRegistry()
-    hold = 60.0 if training is None else training.counter_hold
     registry.register(
-        SnapshotCollector(source, owner_labels=owner_labels, node=node, details=details, counter_hold=hold)
+        SnapshotCollector(
+            source, owner_labels=owner_labels, node=node, details=details, counter_hold=counter_hold
+        )
     )
     if connections is not None:
         registry.register(connections)
@@ -111,6 +114,7 @@ def create_app(
     fresh: Callable[[], bool] = lambda: True,
     details: frozenset[str] = frozenset(),
     compat_host_label: str = "Hostname",
+    counter_hold: float = 60.0,
 ) -> FastAPI:
     """``max_age``: how long a render may be reused while nothing it reads has changed (the sample
     interval: what changes with time alone is then as fresh as the GPU series). ``fresh``: whether the
@@ -124,6 +128,7 @@ def create_app(
         connections=connections,
         details=details,
         compat_host_label=compat_host_label,
+        counter_hold=counter_hold,
     )
     app = FastAPI(title="gpumon", version=__version__, docs_url=None, redoc_url=None)
     # requests not served, by reason (exported by the gate; counted here when there is none, as in tests)

@@ -13,14 +13,14 @@ from support.helpers import ROOT, run_gpumon
 
 from gpumon import metrics as M
 from gpumon.config.resolve import resolve
-from gpumon.gpu.collector import build_families
+from gpumon.gpu.collector import RareCounters, build_families
 from gpumon.gpu.events import EventWatcher
 from gpumon.gpu.nvml import NvmlBackend
 from gpumon.gpu.sampler import Sampler
 from gpumon.gpu.sim import SimNvml
 from gpumon.gpu.snapshot import Snapshot
 from gpumon.net.rdma import RdmaPort, read_ports
-from gpumon.zerofirst import SERVED_FIRST, ZeroFirst
+from gpumon.zerofirst import SERVED_FIRST
 
 PER_GPU, PER_NODE, GPUS = 50, 60, 8
 PER_PORT = 10  # an RDMA port's series by default, at most (docs/exposition.md, "Network")
@@ -183,7 +183,9 @@ def test_the_default_throttle_series_follow_what_the_gpu_supports_not_one_read(h
 HOLD = 30.0
 
 
-def _served(snap: Snapshot, first: ZeroFirst | None) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+def _served(
+    snap: Snapshot, first: RareCounters | None
+) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     return {
         (x.name, tuple(sorted(x.labels.items()))): x.value
         for fam in build_families(snap, first=first)
@@ -206,7 +208,7 @@ def _value(served: dict, name: str, **labels: str) -> float | None:
 
 def test_a_rare_counter_is_absent_at_0_and_dips_to_0_once_before_its_first_rise(h100_snapshot) -> None:
     snap = _ecc(h100_snapshot, 0)
-    first = ZeroFirst(snap.timestamp - 100.0, HOLD)
+    first = RareCounters(snap.timestamp - 100.0, HOLD)
     assert _value(_served(snap, first), "gpumon_gpu_ecc_errors_total", type="corrected") is None
     # the first corrected error, after the daemon showed the GPU: 0 for the hold and SERVED_FIRST builds
     t = snap.timestamp
@@ -223,7 +225,7 @@ def test_counts_the_hardware_had_before_the_daemon_are_served_at_once(h100_snaps
     port = RdmaPort("mlx5_0", 1, "InfiniBand", "ACTIVE", "LinkUp", 5e10, 0, 0, None, None,
                     errors={"symbol_error": 7, "link_downed": 0})  # fmt: skip
     snap = dataclasses.replace(_ecc(h100_snapshot, 4), nics=(port,))
-    first = ZeroFirst(snap.timestamp - 100.0, HOLD)
+    first = RareCounters(snap.timestamp - 100.0, HOLD)
     served = _served(snap, first)
     assert _value(served, "gpumon_gpu_ecc_errors_total", type="corrected") == 4.0
     assert _value(served, "gpumon_nic_errors_total", counter="symbol_error") == 7.0
@@ -234,3 +236,36 @@ def test_counts_the_hardware_had_before_the_daemon_are_served_at_once(h100_snaps
     assert _value(_served(later, first), "gpumon_nic_errors_total", counter="link_downed") == 0.0
     # without the state (a one-off build: snapshot, tests) every counter is served, 0 or not
     assert _value(_served(snap, None), "gpumon_nic_errors_total", counter="link_downed") == 0.0
+
+
+def test_a_first_rise_while_its_gpu_or_port_was_missing_still_shows_0_first(h100_snapshot) -> None:
+    """Found by review: a GPU down for one render, or a port missing from one reading (an adapter reset),
+    came back with its counter's first rise served at once, invisible to increase()."""
+    port = RdmaPort("mlx5_1", 1, "InfiniBand", "ACTIVE", "LinkUp", 5e10, 0, 0, None, None,
+                    errors={"link_downed": 0})  # fmt: skip
+    snap = dataclasses.replace(_ecc(h100_snapshot, 0), nics=(port,))
+    first = RareCounters(snap.timestamp - 100.0, HOLD)
+    _served(snap, first)
+    st = snap.gpus[0]
+    gone = dataclasses.replace(
+        snap,
+        timestamp=snap.timestamp + 1,
+        nics=(),
+        gpus=(dataclasses.replace(st, reading=None), *snap.gpus[1:]),
+    )
+    _served(gone, first)  # GPU 0 down, mlx5_1 missing from the reading
+    risen = dataclasses.replace(port, errors={"link_downed": 1})
+    back = dataclasses.replace(_ecc(snap, 2), nics=(risen,), timestamp=snap.timestamp + 2)
+    served = _served(back, first)
+    assert _value(served, "gpumon_gpu_ecc_errors_total", type="corrected") == 0.0
+    assert _value(served, "gpumon_nic_errors_total", counter="link_downed") == 0.0
+
+
+def test_the_counter_hold_applies_without_ingest_too() -> None:
+    """Found by review: --no-ingest served the GPU flow's rare counters at 0 for 60 s whatever
+    --counter-hold said (a hold longer than 60 s for slow scrapers was silently cut)."""
+    from gpumon.web.server import build_registry
+
+    registry = build_registry(lambda: None, counter_hold=7.0)
+    (collector,) = [c for c in registry._collector_to_names if type(c).__name__ == "SnapshotCollector"]
+    assert collector.first.first.hold == 7.0

@@ -58,7 +58,15 @@ LEDGER = (
     "gpumon_training_badput_seconds_total",
     "gpumon_training_steps_redone_total",
 )
-CUMULATIVE = (*XID_FAMILIES, EVENT_LAST, ERRORS, RANKS_LOST, *LEDGER)
+# the hardware's counters of rare trouble, absent until their first rise (gpumon/gpu/collector.py RARE): one
+# per GPU and reason or type at most, however long the run
+RARE = (
+    "gpumon_gpu_throttle_seconds_total",
+    "gpumon_gpu_ecc_errors_total",
+    "gpumon_gpu_remapped_rows_total",
+    "gpumon_nic_errors_total",
+)
+CUMULATIVE = (*XID_FAMILIES, EVENT_LAST, ERRORS, RANKS_LOST, *LEDGER, *RARE)
 MAX_JOBS = 32  # the daemon's default --max-jobs: the lost-ranks counters it keeps are at most 4x that
 MAX_RANKS = 256  # the daemon's default --max-ranks: the gone ranks' ledgers it exports are at most that
 
