@@ -166,6 +166,13 @@ Wrap = Callable[[Any], Any] | None  # puts something between the backend and its
 SIM_WARMUP = 120.0  # the simulated node has been training for two minutes when gpumon starts
 
 
+def printable(text: object) -> str:
+    """A line for a terminal: one a daemon, sysfs or a user named (a device name root chose, a job's note
+    quoting one) must not forge another line with a newline, nor drive the terminal with an escape."""
+    s = str(text)
+    return s if s.isprintable() else s.encode("unicode_escape").decode("ascii")
+
+
 def simulated_backend(spec: str, settings: Settings, wrap: Wrap = None) -> NvmlBackend:
     sim = SimNvml(
         spec,

@@ -8,6 +8,7 @@ import json
 import textwrap
 from typing import Any
 
+from gpumon.cli.common import printable
 from gpumon.cli.daemon_api import NotFound, default_url, display_url, get_json, job_path
 from gpumon.config import Settings
 
@@ -48,8 +49,20 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
             "reporter.step(tokens=...)."
         )
         return 0
-    print("\n\n".join(render(job) for job in jobs))
+    # a daemon's strings (a NIC name from sysfs in a summary, a job's note) reach the terminal escaped
+    print("\n\n".join(render(_printable(job)) for job in jobs))
     return 0
+
+
+def _printable(doc: Any) -> Any:
+    """The daemon's document with every string printable() (a newline in one would forge a line)."""
+    if isinstance(doc, str):
+        return printable(doc)
+    if isinstance(doc, dict):
+        return {k: _printable(v) for k, v in doc.items()}
+    if isinstance(doc, list):
+        return [_printable(v) for v in doc]
+    return doc
 
 
 def _pct(x: object) -> str:

@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 
 from gpumon.cli.capture import MAX_SECONDS, Recording
-from gpumon.cli.common import describe_sources, open_sampler
+from gpumon.cli.common import describe_sources, open_sampler, printable
 from gpumon.config import ConfigError, Settings
 from gpumon.gpu import nodriver
 from gpumon.gpu.backend import marked
@@ -115,10 +115,8 @@ def _wait(cond: Callable[[], bool], timeout: float = 3.0) -> None:
 
 
 def _plain(text: object) -> str:
-    """A string from sysfs (a device name root chose, a board id) on one line: a newline would forge a
-    report line and an escape drive the terminal."""
-    s = str(text)
-    return s if s.isprintable() else s.encode("unicode_escape").decode("ascii")
+    """A string from sysfs (a device name root chose, a board id) on one line (common.printable)."""
+    return printable(text)
 
 
 def _network(r: Report) -> list[str]:

@@ -17,7 +17,11 @@ from __future__ import annotations
 import os
 import re
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
+
+_T = TypeVar("_T")
 
 # the error counters an operator acts on, as the kernel names them (the default exposition's set)
 ERRORS = (
@@ -104,26 +108,45 @@ def _text(path: str) -> str | None:
     return raw.decode("ascii", "replace").strip().split("\n", 1)[0].strip()
 
 
+MAX_COUNTER = 2**64 - 1  # the kernel's counters are at most 64-bit
+
+
 def _count(path: str, bad: list[str], name: str) -> int | None:
     text = _text(path)
     if text is None or text.startswith(NA):
         return None
-    if text.isdigit() and len(text) <= 20:
+    if text.isascii() and text.isdigit() and len(text) <= 20 and int(text) <= MAX_COUNTER:
         return int(text)
     bad.append(name)
     return None
 
 
+MAX_RATE_GBPS = 10_000.0  # far above any link (XDR is 800 Gb/s a port): a larger rate is no kernel's
+
+
 def parse_rate(text: str | None) -> float | None:
-    """``400 Gb/sec (4X NDR)`` → 5e10 bytes/s; ``2.5 Gb/sec (1X SDR)`` → 3.125e8."""
+    """``400 Gb/sec (4X NDR)`` → 5e10 bytes/s; ``2.5 Gb/sec (1X SDR)`` → 3.125e8. None for what is no link
+    rate, 0 included (a share of line rate would divide by it)."""
     m = _RATE.match(text or "")
-    return None if m is None else float(m.group(1)) * 1e9 / 8
+    if m is None or len(m.group(1)) > 12:
+        return None
+    gbps = float(m.group(1))
+    return gbps * 1e9 / 8 if 0 < gbps <= MAX_RATE_GBPS else None
 
 
 def parse_state(text: str | None) -> str | None:
     """``4: ACTIVE`` → ``ACTIVE``; ``5: LinkUp`` → ``LinkUp``."""
     m = _STATE.match(text or "")
-    return None if m is None else m.group(2)
+    return None if m is None or not m.group(2).isascii() else m.group(2)
+
+
+def _parsed(path: str, parse: Callable[[str | None], _T | None], bad: list[str], name: str) -> _T | None:
+    """A file parsed by ``parse``; one that is there but does not parse is counted in ``bad``."""
+    text = _text(path)
+    value = parse(text)
+    if value is None and text:  # present, not empty, and not what a kernel writes
+        bad.append(name)
+    return value
 
 
 def _pci_bus_id(device_dir: str) -> str | None:
@@ -179,9 +202,9 @@ def read_port(device_dir: str, device: str, port: int, *, detail: bool = False) 
         device=device,
         port=port,
         link_layer=_text(os.path.join(base, "link_layer")) or None,
-        state=parse_state(_text(os.path.join(base, "state"))),
-        phys_state=parse_state(_text(os.path.join(base, "phys_state"))),
-        rate_bytes_per_second=parse_rate(_text(os.path.join(base, "rate"))),
+        state=_parsed(os.path.join(base, "state"), parse_state, bad, f"ports/{port}/state"),
+        phys_state=_parsed(os.path.join(base, "phys_state"), parse_state, bad, f"ports/{port}/phys_state"),
+        rate_bytes_per_second=_parsed(os.path.join(base, "rate"), parse_rate, bad, f"ports/{port}/rate"),
         receive_bytes=extended("port_rcv_data", 4),
         transmit_bytes=extended("port_xmit_data", 4),
         receive_packets=extended("port_rcv_packets"),
@@ -198,7 +221,7 @@ def read_port(device_dir: str, device: str, port: int, *, detail: bool = False) 
 
 # a node has a handful of adapters; a tree with thousands (a hostile or broken sysfs) is cut here
 MAX_PORTS = 64
-_PORT = re.compile(r"[0-9]{1,3}")  # ASCII digits only: "²" is a digit to str.isdigit, not to int()
+_PORT = re.compile(r"[1-9][0-9]{0,2}")  # ASCII digits only ("²" is a digit to str.isdigit, not to int())
 
 
 def label(name: str) -> str:
@@ -212,13 +235,19 @@ def read_ports(sysfs: str = "/sys", *, detail: bool = False) -> tuple[RdmaPort, 
     MAX_PORTS). No devices (no RDMA driver loaded): an empty tuple."""
     root = os.path.join(sysfs, "class", "infiniband")
     out: list[RdmaPort] = []
+    names: set[str] = set()
     for entry in _listdir(root):
         device_dir = os.path.join(root, entry)
+        name = label(entry)
+        if name in names:  # two undecodable names that read alike: one series, the first
+            continue
+        names.add(name)
+        # the kernel names ports 1, 2, ...: "01" (a link planted beside "1") would serve port 1 twice
         ports = sorted(int(p) for p in _listdir(os.path.join(device_dir, "ports")) if _PORT.fullmatch(p))
         for port in ports:
             if len(out) >= MAX_PORTS:
                 return tuple(out)
-            read = read_port(device_dir, label(entry), port, detail=detail)
+            read = read_port(device_dir, name, port, detail=detail)
             if read is not None:
                 out.append(read)
     return tuple(out)

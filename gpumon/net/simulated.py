@@ -7,8 +7,9 @@ GPUs behind one switch.
 
 A NIC's traffic is its GPUs' traffic between nodes: the seconds their all-reduce crossed the NIC at full
 speed (DeviceState.net_seconds: a job with ranks on other nodes, less the time it waits for a slower peer),
-at EFFICIENCY of the line rate, shared among the GPUs behind it, plus a trickle of fabric management
-traffic. The counters follow simulated time: reading them advances the GPUs as an NVML call does.
+at EFFICIENCY of the line rate, which the GPUs behind it share (two moving data at once get half each, and
+their collectives take no longer: a simplification), plus a trickle of fabric management traffic. The
+counters follow simulated time: reading them advances the GPUs as an NVML call does.
 """
 
 from __future__ import annotations
@@ -97,7 +98,9 @@ class SimNics:
                 with gpu.lock:
                     gpu.dynamics.advance_to(t)
                     busy += gpu.state.net_seconds
-            moved = int(busy * nic.rate_bytes_per_second * EFFICIENCY + IDLE_BYTES_PER_SECOND * max(0.0, t))
+            # the GPUs behind a NIC share its line rate: two moving data at once get half each
+            share = busy / len(nic.gpus)
+            moved = int(share * nic.rate_bytes_per_second * EFFICIENCY + IDLE_BYTES_PER_SECOND * max(0.0, t))
             errors = dict.fromkeys(ERRORS + (MORE_ERRORS if detail else ()), 0)
             roce = detail and nic.link_layer == "Ethernet"
             out.append(

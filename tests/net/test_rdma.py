@@ -66,7 +66,9 @@ def test_the_default_read_leaves_the_long_tail_out() -> None:
         ("200 Gb/sec (2X NDR)", 25e9),
         ("2.5 Gb/sec (1X SDR)", 312_500_000),
         ("10 Gb/sec (4X)", 1.25e9),
-        ("0 GB/sec", 0.0),
+        ("0 GB/sec", None),  # no link rate: a share of line rate would divide by it
+        ("1e308 Gb/sec", None),
+        ("20000 Gb/sec (4X)", None),  # no link is that fast
         ("", None),
         ("fast", None),
         (None, None),
@@ -106,7 +108,25 @@ def test_garbage_in_a_file_costs_that_quantity_only_and_is_named(tmp_path: Path)
     assert port.receive_packets is not None and port.errors["port_xmit_discards"] == 0
     assert set(port.read_errors) == {
         f"ports/1/counters/{n}" for n in ("port_rcv_data", "symbol_error", "port_xmit_data", "link_downed")
-    }
+    } | {"ports/1/rate"}
+
+
+def test_values_no_kernel_writes_are_counted_and_names_that_alias_are_served_once(tmp_path: Path) -> None:
+    """Found by review: a rate or state that did not parse went uncounted, a counter past 64 bits was
+    served, a "01" link beside port 1 served it twice, and undecodable device names that read alike served
+    their series twice."""
+    root = hostile(tmp_path)
+    device = root / "class/infiniband/mlx5_0"
+    (device / "ports/1/counters/symbol_error").write_text("99999999999999999999\n")  # 20 digits > 2^64
+    (device / "ports/1/state").write_text("4: ACT\u00cfVE\n")
+    (device / "ports/01").symlink_to(device / "ports/1")
+    shutil.copytree(device, root / "class/infiniband" / os.fsdecode(b"bad\xff"), symlinks=True)
+    shutil.copytree(device, root / "class/infiniband" / os.fsdecode(b"bad\xfe"), symlinks=True)
+    ports = read_ports(str(root))
+    assert sorted((p.device, p.port) for p in ports) == [("bad\ufffd", 1), ("mlx5_0", 1)]
+    mlx5 = next(p for p in ports if p.device == "mlx5_0")
+    assert "symbol_error" not in mlx5.errors and mlx5.state is None and mlx5.up is None
+    assert {"ports/1/counters/symbol_error", "ports/1/state"} <= set(mlx5.read_errors)
 
 
 def test_a_port_or_a_file_that_is_not_what_sysfs_has_is_skipped(tmp_path: Path) -> None:

@@ -72,9 +72,20 @@ def test_a_sim_jobs_nics_carry_its_all_reduce_across_nodes_but_not_its_waits(
     assert rates[4:] == [pytest.approx(IDLE_BYTES_PER_SECOND)] * 4  # GPUs 4-7 run nothing
 
 
-def test_peer_wait_is_part_of_the_communication_share() -> None:
+def test_peer_wait_is_part_of_the_communication_share_of_a_job_across_nodes() -> None:
     with pytest.raises(ValueError, match=r"peer_wait 0\.5 is part of the communication share"):
         SimNvml("8xH100-SXM", jobs=["bad:0-1:0/8:comm=0.2:peer_wait=0.5"])
+    with pytest.raises(ValueError, match="peer_wait is a wait for ranks on other nodes"):
+        SimNvml("8xH100-SXM", jobs=["alone:0-7:comm=0.4:peer_wait=0.3"])
+
+
+def test_two_gpus_behind_one_nic_share_its_line_rate() -> None:
+    """Found by review: a RoCE port carried both its GPUs' traffic in full, 128 % of its line rate."""
+    clock = Clock()
+    sim = SimNvml("8xH100-PCIe", jobs=["big:0-7:0/16:comm=0.7"], clock=clock, warmup=100.0,
+                  unreported_jobs=False)  # fmt: skip
+    for rate in _rate(sim, clock):
+        assert rate == pytest.approx(0.7 * EFFICIENCY * 2.5e10 + IDLE_BYTES_PER_SECOND, rel=0.05)
 
 
 @dataclass

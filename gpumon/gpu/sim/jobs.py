@@ -274,6 +274,11 @@ def parse_job(text: str) -> SimJobSpec:
         mfu=values.get("mfu", t.mfu),
         peer_wait=values.get("peer_wait", 0.0),
     )
+    if t.peer_wait and world <= len(gpus):
+        raise SimJobError(
+            f"sim job {text!r}: peer_wait is a wait for ranks on other nodes, and all {world} ranks are "
+            "here: give FIRST_RANK/WORLD_SIZE with more ranks than GPUs listed"
+        )
     if t.peer_wait > t.communication:
         raise SimJobError(
             f"sim job {text!r}: peer_wait {t.peer_wait:g} is part of the communication share, which is "
