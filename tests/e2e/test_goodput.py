@@ -99,8 +99,9 @@ def _served(text: str) -> dict[str, float]:
 
 
 def test_every_bucket_equals_what_the_loop_injected(daemon, tmp_path: Path) -> None:
-    # a short --rank-ttl: the dead rank is dropped before its successor comes, as after a real requeue
-    d = daemon("--simulate", "1xH100-SXM", "--interval", "500ms", "--rank-ttl", "1s", "--counter-hold", "1s")
+    # a short --rank-ttl: the dead rank is dropped before its successor comes, as after a real requeue; a
+    # finished rank stays as long (at most 30 s), so gpumon diagnose below runs the moment the run ends
+    d = daemon("--simulate", "1xH100-SXM", "--interval", "500ms", "--rank-ttl", "3s", "--counter-hold", "1s")
     log1, log2 = tmp_path / "first.jsonl", tmp_path / "second.jsonl"
     first, popen = _start(
         d.url, log1, "--steps", "40", "--load", "1.0", "--checkpoint-at", "20", "--evaluate-at", "30",
@@ -113,7 +114,7 @@ def test_every_bucket_equals_what_the_loop_injected(daemon, tmp_path: Path) -> N
         )  # a few reports: the daemon has seen step 40 (what a process never reported is unknown)
         first.send_signal(signal.SIGKILL)  # no final report: the rank died
         first.wait(10)
-        time.sleep(2.5)  # the scheduler notices and starts the job again
+        time.sleep(4.0)  # the scheduler notices and starts the job again
         # meanwhile the rank is gone, but its ledger is still exported, frozen; no restart yet, so no
         # restart series (it is born at 0 when the gap lands, then takes its value)
         assert d.get(f"/v1/jobs/{JOB}").status_code == 404
@@ -140,6 +141,12 @@ def test_every_bucket_equals_what_the_loop_injected(daemon, tmp_path: Path) -> N
             d.get("/metrics")
             time.sleep(0.25)
         assert second.returncode == 0
+        # at once, while the finished rank is listed (--rank-ttl); checked against the ledger below
+        diagnosed = subprocess.run(
+            [sys.executable, "-m", "gpumon", "diagnose", "--job", JOB, "--url", d.url],
+            capture_output=True, text=True, timeout=30, cwd=ROOT,
+        )  # fmt: skip
+        job = d.get(f"/v1/jobs/{JOB}").json()
     finally:
         for proc in (first,):
             if proc.poll() is None:
@@ -160,15 +167,10 @@ def test_every_bucket_equals_what_the_loop_injected(daemon, tmp_path: Path) -> N
     accounted = sum(v for k, v in served.items() if k != "steps_redone")
     assert accounted == pytest.approx(sum(truth.values()), abs=0.02 * wall)
 
-    job = d.get(f"/v1/jobs/{JOB}").json()
     ledger = job["goodput"]
     assert ledger["restarts"] == 1 and ledger["steps_redone"] == 20
     assert ledger["goodput_seconds"] == pytest.approx(served["goodput"], abs=0.5)
     assert ledger["summary"].startswith(f"goodput {100 * ledger['goodput_ratio']:.0f} % over ")
     assert "stall" in ledger["summary"] and "(1 restart, 20 steps redone)" in ledger["summary"]
-    out = subprocess.run(
-        [sys.executable, "-m", "gpumon", "diagnose", "--job", JOB, "--url", d.url],
-        capture_output=True, text=True, timeout=30, cwd=ROOT,
-    )  # fmt: skip
-    assert out.returncode == 0, out.stderr
-    assert ledger["summary"] in out.stdout
+    assert diagnosed.returncode == 0, diagnosed.stderr
+    assert ledger["summary"] in diagnosed.stdout
