@@ -114,24 +114,19 @@ def _wait(cond: Callable[[], bool], timeout: float = 3.0) -> None:
         time.sleep(0.02)
 
 
-def _plain(text: object) -> str:
-    """A string from sysfs (a device name root chose, a board id) on one line (common.printable)."""
-    return printable(text)
-
-
 def _network(r: Report) -> list[str]:
     net = r.network
     lines = []
     for p in net.ports:
         rate = p["rate_bytes_per_second"]
         speed = f"{rate * 8 / 1e9:g} Gb/s" if rate is not None else "? Gb/s"
-        name = f"{_plain(p['device'])}/{p['port']}:"
-        facts = [_plain(p["link_layer"] or "?"), speed, _plain(p["state"] or "?")]
-        facts.append(_plain(p["pci_bus_id"] or ""))
+        name = f"{printable(p['device'])}/{p['port']}:"
+        facts = [printable(p["link_layer"] or "?"), speed, printable(p["state"] or "?")]
+        facts.append(printable(p["pci_bus_id"] or ""))
         joined = "  ".join(facts)
         lines.append(f"NIC {name:<11} {joined}".rstrip())
     if net.nearest:
-        pairs = ", ".join(f"GPU {n['gpu']} {_plain(n['nic'])} ({n['path']})" for n in net.nearest)
+        pairs = ", ".join(f"GPU {n['gpu']} {printable(n['nic'])} ({n['path']})" for n in net.nearest)
         lines.append(f"nearest NIC:    {pairs}")
     if net.ports:
         lines.append(f"GPUDirect RDMA: {net.peermem + ' loaded' if net.peermem else 'no peer-memory module'}")

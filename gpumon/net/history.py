@@ -82,8 +82,12 @@ class NicHistory:
         wanted = tuple(sorted(set(devices)))
         with self._lock:
             gone = set(self._gone)
-            ports = {k: [p for p in v if now - window <= p.t <= now] for k, v in self._points.items()}
-        ports = {k: v for k, v in ports.items() if k[0] in wanted and v}
+            ports = {
+                k: [p for p in v if now - window <= p.t <= now]
+                for k, v in self._points.items()
+                if k[0] in wanted
+            }
+        ports = {k: v for k, v in ports.items() if v}
         # a NIC that vanished from the readings (reset, unplugged, its driver unloaded) is down, not unknown
         down = [f"{d} (gone)" for d in wanted if d in gone]
         if not ports and not down:

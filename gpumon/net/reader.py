@@ -145,11 +145,8 @@ class NicReader:
             fresh = {uuid[normalise(n.gpu)]: (n.nic, n.path) for n in found}
             # a GPU whose nearest NIC vanished (an adapter reset or unplugged, its driver unloaded) keeps it:
             # the verdict must see its NIC gone, not read another NIC's idleness
-            kept = {
-                u: (nic, p)
-                for u, nic, p in self._nearest
-                if nic not in adapters and any(u == g for g, _ in gpus)
-            }
+            present = {u for u, _ in gpus}
+            kept = {u: (nic, p) for u, nic, p in self._nearest if nic not in adapters and u in present}
             merged = {**fresh, **kept}
             self._nearest = tuple((u, *merged[u]) for u, _ in gpus if u in merged)
             self._key = key

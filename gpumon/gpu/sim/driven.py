@@ -94,7 +94,6 @@ class _Process:
     alive_checked: float = 0.0
     alive: bool = True
     identity: SimProcess | None = None  # name, user and cgroup, read once
-    world_size: int = 1
     steps: float = 0.0  # the last report's step count
     # communication seconds and steps since the last measure of the collective's own time, and the least
     # communication seconds per step measured so far (None: not yet)
@@ -153,7 +152,7 @@ class SdkDriver:
                 p.shares = _shares(spent, wall)
                 p.transfer = _transfer(p, spent.get("communication", 0.0), steps - p.steps, wall)
                 p.at, p.phases = r.time, phases
-            p.gpus, p.seen, p.steps, p.world_size = gpus, now, steps, r.world_size
+            p.gpus, p.seen, p.steps = gpus, now, steps
             here = sum(1 for name, _ in self._procs if name == r.job)
             p.spans = r.world_size > here
             memory = r.memory
