@@ -87,6 +87,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="accept reports from other hosts, not only loopback and the unix socket (off)",
     )
+    t.add_argument(
+        "--nccl-inspector-dir",
+        metavar="PATH",
+        help="read NCCL Inspector dumps here (the jobs' NCCL_INSPECTOR_DUMP_DIR) and join them to the ranks",
+    )
     t.add_argument("--rank-ttl", metavar="DURATION", help="drop a rank silent this long (default 60s)")
     t.add_argument("--rate-window", metavar="DURATION", help="window of tokens/s and diagnosis (default 60s)")
     t.add_argument(
@@ -172,6 +177,9 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
         counter_hold=settings.counter_hold,
     )
     sampler.start()
+    if training is not None and training.nccl is not None:
+        training.nccl.start()
+        log.info("reading NCCL Inspector dumps in %s", training.nccl.path)
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
     log.info(
@@ -228,6 +236,8 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
         if sim_training is not None:
             sim_training.stop()  # already done unless the server failed to start or stop
         sampler.stop()
+        if training is not None and training.nccl is not None:
+            training.nccl.stop()
         for s in sockets:
             s.close()
         if unix_path:

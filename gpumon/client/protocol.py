@@ -55,6 +55,9 @@ them, and an SDK whose report a daemon refuses for an unknown field resends with
 ``setup``             what the memory estimator needs, or null: {"model": the shape as MODEL_FIELDS,
                       "micro_batch", "zero_stage", and optionally "optimizer", "checkpointing",
                       "offload", "flash_attention", "tp", "sequence_parallel"}
+``hostname``          the process's host name as it sees it (gethostname(): the pod's name in a container),
+                      matching HOSTNAME_PATTERN: with ``pid``, it names the process's NCCL Inspector dump
+                      (``<hostname>-pid<pid>.log``), whatever pid namespace the daemon sees it from
 
 All counters are cumulative for the incarnation, so a lost or late report loses nothing: the next one carries
 the totals. The daemon answers 204 on success, 4xx with ``{"detail": reason}`` otherwise (400/422 malformed,
@@ -70,7 +73,8 @@ DEFAULT_URL = "http://127.0.0.1:9478"
 BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 60.0, 120.0)
 PHASES = ("data_wait", "forward_backward", "communication", "optimizer", "checkpoint", "evaluation")
 # the optional fields above: what a daemon older than them refuses as unknown
-EXTENSIONS = ("process_started", "resumed_step", "open_phases", "memory", "setup", "predecessor")
+EXTENSIONS = ("process_started", "resumed_step", "open_phases", "memory", "setup", "predecessor", "hostname")
+HOSTNAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,254}$"
 # report key -> torch.cuda.memory_stats() key; the last two are counters, the rest bytes
 MEMORY_FIELDS = {
     "allocated_bytes": "allocated_bytes.all.current",

@@ -7,10 +7,22 @@ inside training processes.
 from __future__ import annotations
 
 import os
+import re
+import socket
 from typing import Any
 
-from gpumon.client.protocol import EXTENSIONS, TOTALS, VERSION
+from gpumon.client.protocol import EXTENSIONS, HOSTNAME_PATTERN, TOTALS, VERSION
 from gpumon.client.settings import Settings
+
+
+def _hostname() -> str | None:
+    """This host's name as NCCL's Inspector writes it in its dump's name; None where the protocol's charset
+    cannot carry it (the daemon then has no join for the dumps)."""
+    name = socket.gethostname()[:255]
+    return name if re.fullmatch(HOSTNAME_PATTERN, name) else None
+
+
+HOSTNAME = _hostname()
 
 
 def build_report(
@@ -79,6 +91,8 @@ def extend(
         report["memory"] = memory
     if cfg.setup is not None:
         report["setup"] = cfg.setup
+    if HOSTNAME is not None:
+        report["hostname"] = HOSTNAME
 
 
 def core(report: dict[str, Any]) -> dict[str, Any]:

@@ -145,6 +145,12 @@ def _validate_training(raw: Mapping[str, Any], s: Settings) -> None:
         parent = os.path.dirname(os.path.abspath(s.ingest_socket))
         if not os.path.isdir(parent):
             raise ConfigError(f"ingest-socket: directory {parent} does not exist")
+    if raw.get("nccl_inspector_dir"):
+        s.nccl_inspector_dir = os.path.expanduser(text_setting(raw, "nccl_inspector_dir"))
+        if os.path.exists(s.nccl_inspector_dir) and not os.path.isdir(s.nccl_inspector_dir):
+            raise ConfigError(f"nccl-inspector-dir: {s.nccl_inspector_dir} is not a directory")
+        if not s.ingest:
+            raise ConfigError("nccl-inspector-dir: joins the dumps to the ranks' reports; drop --no-ingest")
     for key in ("rank_ttl", "rate_window", "counter_hold"):
         if key in raw:
             setattr(s, key, parse_duration(raw[key], key.replace("_", "-")))

@@ -69,6 +69,7 @@ class Settings:
     ingest_token: str | None = None  # when set, reports must carry "Authorization: Bearer <token>"
     ingest_socket: str | None = None  # also listen on this unix socket (SDK: GPUMON_URL=unix://PATH)
     ingest_allow_remote: bool = False  # accept reports from other hosts, not only loopback
+    nccl_inspector_dir: str | None = None  # NCCL Inspector dumps to read (gpumon/nccl)
     rank_ttl: float = 60.0  # drop a rank (and its series) after this long without a report
     # a rare event's new counter shows 0 this long before its value: longer than every scraper's interval
     counter_hold: float = 60.0

@@ -5,6 +5,7 @@ from __future__ import annotations
 from gpumon.dashboards.builder import Panel, Row, Target
 from gpumon.dashboards.node_network import nic_utilization
 from gpumon.dashboards.panels import (
+    BYTES_PER_S,
     COUNT,
     HIGHER_IS_BETTER,
     NONE,
@@ -97,7 +98,26 @@ def diagnosis() -> list[Panel | Row]:
             ),
             hi=1,
         ),
+        timeseries(
+            "NCCL bus bandwidth",
+            "NCCL's own bus bandwidth per operation and node, from its Inspector plugin's dumps "
+            "(--nccl-inspector-dir): bus bytes over execution time, the figure nccl-tests compares with the "
+            "fabric's expected bandwidth. A collective's time includes the wait for its slowest rank: low "
+            "with idle NICs is a wait on a peer, low with busy NICs a slow network.",
+            BYTES_PER_S,
+            Target(
+                named(
+                    f"sum by (job_name, instance, operation) ({_rate('nccl_bus_bytes_total')})"
+                    f" / sum by (job_name, instance, operation) ({_rate('nccl_seconds_total')})"
+                ),
+                "{{job_name}} {{node}} {{operation}}",
+            ),
+        ),
     ]
+
+
+def _rate(counter: str) -> str:
+    return f"rate(gpumon_training_{counter}{{{RAW}}}[$__rate_interval])"
 
 
 def stragglers() -> list[Panel | Row]:

@@ -29,6 +29,7 @@ from gpumon.jobs.memoryview import rank_estimate
 from gpumon.jobs.report import Report
 from gpumon.jobs.store import JobStore, RankView
 from gpumon.jobs.window import SIDE_PHASES, Rates, measure
+from gpumon.nccl.ledger import NcclLedger, NcclUse
 from gpumon.net.history import NicHistory, NicUse
 
 log = logging.getLogger(__name__)
@@ -102,6 +103,11 @@ def _sum(values: list[float | None]) -> float | None:
     return sum(known) if known else None
 
 
+def _most_common(values: list[str | None]) -> str | None:
+    known = [v for v in values if v is not None]
+    return max(sorted(set(known)), key=known.count) if known else None
+
+
 def _max(values: list[float | None]) -> float | None:
     return max((v for v in values if v is not None), default=None)
 
@@ -116,6 +122,7 @@ class Analysis:
         peak_override: Mapping[str, float] | None = None,
         clock: Callable[[], float] = time.time,
         proc: str = "/proc",
+        nccl: NcclLedger | None = None,
     ) -> None:
         self.store = store
         self.source = source
@@ -124,6 +131,7 @@ class Analysis:
         self.clock = clock
         self.history = GpuHistory()
         self.nic_history = NicHistory()
+        self.nccl = nccl  # NCCL Inspector records by process (--nccl-inspector-dir), None without
         self.liveness = Liveness(proc)
         self.speeds = SpeedReference()
         self.holds = VerdictHold()
@@ -192,13 +200,21 @@ class Analysis:
             elsewhere = max(0, v.report.world_size - len(here[v.report.job]))
             nics = [nearest[u.window.uuid] for u in uses if u.window.uuid in nearest]
             nic = self.nic_history.use(nics, end, span) if nics else None
-            by_job.setdefault(v.report.job, []).append(self._rank(v, tuple(uses), elsewhere, nic, now))
+            host = v.report.hostname
+            nccl = self.nccl.use(host, v.report.pid, end, span) if self.nccl and host else None
+            by_job.setdefault(v.report.job, []).append(self._rank(v, tuple(uses), elsewhere, nic, nccl, now))
         if only is None:
             self.liveness.forget({(v.report.job, v.report.rank, v.report.incarnation) for v in views})
         return [self._job(job, ranks, now) for job, ranks in sorted(by_job.items())]
 
     def _rank(
-        self, v: RankView, uses: tuple[GpuUse, ...], elsewhere: int, nic: NicUse | None, now: float
+        self,
+        v: RankView,
+        uses: tuple[GpuUse, ...],
+        elsewhere: int,
+        nic: NicUse | None,
+        nccl: NcclUse | None,
+        now: float,
     ) -> RankResult:
         r = v.report
         rates = measure(v, v.received if r.final else now, self.window)
@@ -216,7 +232,7 @@ class Analysis:
             (r.job, r.rank, r.incarnation), r.pid, r.started, r.process_started, now
         ):
             exited = f"pid {r.pid} exited or was killed without its final report"
-        signals = self._signals(v, rates, uses, mfu, exited, elsewhere, nic, now)
+        signals = self._signals(v, rates, uses, mfu, exited, elsewhere, nic, nccl, now)
         key = (r.job, r.rank, r.incarnation)  # a restarted process starts afresh
         verdict = diagnose(signals, self.thresholds, lambda raw: self.holds.hold(key, raw, now))
         gone = "finished" if r.final else "exited" if exited else "silent" if _silent(v, now) else None
@@ -267,6 +283,7 @@ class Analysis:
         exited: str | None,
         elsewhere: int,
         nic: NicUse | None,
+        nccl: NcclUse | None,
         now: float,
     ) -> Signals:
         r = v.report
@@ -319,6 +336,8 @@ class Analysis:
             nic_utilization=None if nic is None else nic.utilization,
             nic_errors=None if nic is None else nic.errors,
             nics_down=() if nic is None else nic.down,
+            nccl_bus_bandwidth=None if nccl is None else nccl.bus_bytes_per_second,
+            nccl_operation=None if nccl is None or nccl.bus_bytes_per_second is None else nccl.busiest,
             **_setup_signals(r, uses),
             **gpu,
         )
@@ -390,6 +409,8 @@ class Analysis:
             nic_utilization=_max([s.nic_utilization for s in sig]),
             nic_errors=_max([s.nic_errors for s in sig]),
             nics_down=tuple(sorted({d for s in sig for d in s.nics_down})),
+            nccl_bus_bandwidth=mean([s.nccl_bus_bandwidth for s in sig]),
+            nccl_operation=_most_common([s.nccl_operation for s in sig]),
             **_worst_setup(sig),
             **_gpu_signals(sig),
         )

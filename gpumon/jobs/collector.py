@@ -20,7 +20,9 @@ from gpumon.jobs.diagnosis import BOTTLENECKS
 from gpumon.jobs.goodput.ledger import CAUSES, LedgerView
 from gpumon.jobs.series.families import RowFamily
 from gpumon.jobs.series.jobsteps import JobSteps
+from gpumon.jobs.series.nccl import JobNccl
 from gpumon.jobs.store import RankView
+from gpumon.nccl.reader import InspectorReader
 from gpumon.ranges import runs
 from gpumon.zerofirst import ZeroFirst
 
@@ -36,7 +38,16 @@ OUTCOMES = (
     "rank_limit",
     "conflict",
 )
-_ALWAYS = (M.INGEST_REPORTS, M.INGEST_EXPIRED, M.LIBRARY_ENTRIES, M.LIBRARY_OK)
+_ALWAYS = (
+    M.INGEST_REPORTS,
+    M.INGEST_EXPIRED,
+    M.LIBRARY_ENTRIES,
+    M.LIBRARY_OK,
+    M.NCCL_RECORDS,
+    M.NCCL_SKIPPED,
+    M.NCCL_FILES,
+)
+_NCCL = (M.NCCL_OPERATIONS, M.NCCL_SECONDS, M.NCCL_BUS_BYTES, M.NCCL_RECORDS, M.NCCL_SKIPPED, M.NCCL_FILES)
 _LE = [*(floatToGoString(b) for b in P.BUCKETS), "+Inf"]  # "1.0", as prometheus_client writes it
 # a job's step-time buckets on the node: the ranks' from 10 ms (a training step under 10 ms is a toy's; the
 # per-rank buckets under rank-step-buckets keep the finer ones)
@@ -116,9 +127,10 @@ class TrainingCollector:
         library: LibraryWatch | None = None,
         details: frozenset[str] = frozenset(),
         counter_hold: float = 60.0,
+        nccl: InspectorReader | None = None,
     ) -> None:
         """``counter_hold``: seconds a rare event's counter shows 0 before its first value
-        (gpumon/zerofirst.py)."""
+        (gpumon/zerofirst.py); ``nccl``: the reader of --nccl-inspector-dir, whose records join the ranks."""
         self.analysis = analysis
         self.stats = stats
         self.library = library
@@ -126,7 +138,13 @@ class TrainingCollector:
         born = analysis.clock()
         self.first = ZeroFirst(born, counter_hold)
         self.steps = JobSteps(born)
-        self._metrics = [m for m in M.TRAINING_FLOW if not m.detail or m.detail in details]
+        self.nccl = nccl
+        self.nccl_jobs = JobNccl()
+        self._metrics = [
+            m
+            for m in M.TRAINING_FLOW
+            if (not m.detail or m.detail in details) and (nccl is not None or m not in _NCCL)
+        ]
         self._per_scrape = [m for m in self._metrics if m not in _ALWAYS]
         self._step_type = "histogram" if "rank-step-buckets" in details else None
 
@@ -158,6 +176,8 @@ class TrainingCollector:
                 _add_baseline(out, job, lib, self.analysis.store.baseline_steps)
         retained = self.analysis.store.retained()
         self.steps.keep(retained)
+        if self.nccl is not None:
+            self._add_nccl(f, jobs, now)
         exported = set(live)
         for job_name, rank, ledger in self.analysis.store.gone_ledgers(now):
             if (job_name, rank) not in live:  # it went between the two reads: exported above already
@@ -180,6 +200,34 @@ class TrainingCollector:
             ok.add_metric([], 1 if self.library.ok else 0)
             yield entries
             yield ok
+        if self.nccl is not None:
+            outcomes, skipped, files = self.nccl.counts()
+            records = _family(M.NCCL_RECORDS)
+            for outcome, n in outcomes.items():
+                records.add_metric([outcome], n)
+            gone, followed = _family(M.NCCL_SKIPPED), _family(M.NCCL_FILES)
+            gone.add_metric([], skipped)
+            followed.add_metric([], files)
+            yield from (records, gone, followed)
+
+    def _add_nccl(self, f: dict[str, Any], jobs: list[JobResult], now: float) -> None:
+        """Each job's NCCL counters, from its ranks' processes' records (joined by hostname and pid)."""
+        assert self.nccl is not None
+        ledger = self.nccl.ledger
+        listed = set()
+        for job in jobs:
+            processes = {
+                (h, r.view.report.pid) for r in job.ranks if (h := r.view.report.hostname) is not None
+            }
+            for process in sorted(processes):
+                self.nccl_jobs.add(job.job, process, ledger.totals(*process))
+                listed.add((job.job, process))
+            for op, (n, seconds, bus) in self.nccl_jobs.get(job.job).items():
+                f[M.NCCL_OPERATIONS.name].add_metric([job.job, op], n)
+                f[M.NCCL_SECONDS.name].add_metric([job.job, op], seconds)
+                f[M.NCCL_BUS_BYTES.name].add_metric([job.job, op], bus)
+        self.nccl_jobs.keep(listed)
+        ledger.forget(now, [p for _, p in listed])
 
 
 def _add_job(out: _Render, j: JobResult) -> None:

@@ -21,6 +21,7 @@ _NAME = re.compile(P.NAME_PATTERN)
 _PHASE = re.compile(P.PHASE_PATTERN)
 _INCARNATION = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _DEVICE = re.compile(P.DEVICE_PATTERN)
+_HOSTNAME = re.compile(P.HOSTNAME_PATTERN)
 _CONTAINER = reprlib.Repr()
 _CONTAINER.maxlevel = 3
 _CLOCK_SLACK = 5.0  # seconds a report's own times may disagree (rounding, a clock read a moment apart)
@@ -114,6 +115,7 @@ class Report:
     memory: Memory | None = None
     setup: Mapping[str, Any] | None = None  # checked: "model" holds ModelSpec's fields
     predecessor: Predecessor | None = None
+    hostname: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,6 +197,11 @@ def _fields(data: Any) -> Report:
         memory=_memory(data.get("memory")),
         setup=_setup(data.get("setup")),
         predecessor=_predecessor(data.get("predecessor")),
+        hostname=(
+            None
+            if data.get("hostname") is None
+            else _match(data, "hostname", _HOSTNAME, "a host name of letters, digits, . _ or -")
+        ),
     )
 
 

@@ -18,6 +18,7 @@ from gpumon.jobs.api import IngestPolicy
 from gpumon.jobs.collector import IngestStats, TrainingCollector, note_baseline_step
 from gpumon.jobs.diagnosis import Thresholds
 from gpumon.jobs.store import JobStore
+from gpumon.nccl.reader import InspectorReader
 
 
 @dataclass(frozen=True)
@@ -28,11 +29,14 @@ class Training:
     library: LibraryWatch | None = None
     history: JobHistory | None = None
     counter_hold: float = 60.0
+    nccl: InspectorReader | None = None  # --nccl-inspector-dir
 
     def collector(self, details: frozenset[str] = frozenset()) -> TrainingCollector:
         """``details``: the --collect names; the training flow reads rank-rates, rank-step-buckets and
         rank-detail."""
-        return TrainingCollector(self.analysis, self.stats, self.library, details, self.counter_hold)
+        return TrainingCollector(
+            self.analysis, self.stats, self.library, details, self.counter_hold, self.nccl
+        )
 
     def state(self) -> tuple[Hashable, ...]:
         """What the training families depend on besides the GPU snapshot and the clock: the reports counted,
@@ -63,10 +67,15 @@ def from_settings(settings: Settings, source: Callable[[], Snapshot | None]) -> 
         ttl=settings.rank_ttl,
         window=settings.rate_window,
     )
+    nccl = InspectorReader(settings.nccl_inspector_dir) if settings.nccl_inspector_dir else None
     analysis = Analysis(
-        store, source, thresholds=Thresholds(**settings.thresholds), peak_override=settings.peak_tflops
+        store,
+        source,
+        thresholds=Thresholds(**settings.thresholds),
+        peak_override=settings.peak_tflops,
+        nccl=None if nccl is None else nccl.ledger,
     )
     policy = IngestPolicy(token=settings.ingest_token, allow_remote=settings.ingest_allow_remote)
     history = JobHistory(node=settings.node_name or node_hostname())
     library = LibraryWatch(settings.baselines)
-    return Training(analysis, IngestStats(), policy, library, history, settings.counter_hold)
+    return Training(analysis, IngestStats(), policy, library, history, settings.counter_hold, nccl)

@@ -366,6 +366,62 @@ RANKS_LOST = metric(
     source="job store expiry",
 )
 
+section("NCCL's own measure of the collectives: its Inspector's dumps (--nccl-inspector-dir)")
+NCCL_OPERATIONS = metric(
+    "gpumon_training_nccl_operations_total",
+    "counter",
+    "Collectives and point-to-point operations of the job's ranks on this node that NCCL's Inspector "
+    "recorded with a bus bandwidth and gpumon read, by NCCL's name for the operation (AllReduce, "
+    "AllGather, ReduceScatter, Send, ...; past 12 names per process, other). A sample where the plugin "
+    "drops operations (NCCL 2.28 and older write one per dump) or gpumon skips a backlog: rate the "
+    "bandwidth, not the count. Only with --nccl-inspector-dir and an SDK that reports its hostname.",
+    (*JOB, "operation"),
+    source="NCCL Inspector coll_perf / p2p_perf",
+)
+NCCL_SECONDS = metric(
+    "gpumon_training_nccl_seconds_total",
+    "counter",
+    "Execution time of those operations (overlapping communicators count each).",
+    (*JOB, "operation"),
+    "seconds",
+    "NCCL Inspector coll_exec_time_us / p2p_exec_time_us",
+)
+NCCL_BUS_BYTES = metric(
+    "gpumon_training_nccl_bus_bytes_total",
+    "counter",
+    "NCCL's bus bandwidth times the execution time of those operations: rate() of this over rate() of "
+    "gpumon_training_nccl_seconds_total is NCCL's bus bandwidth, the figure nccl-tests compares with a "
+    "fabric's expected bandwidth.",
+    (*JOB, "operation"),
+    "bytes",
+    "NCCL Inspector coll_busbw_gbs / p2p_busbw_gbs",
+)
+NCCL_RECORDS = metric(
+    "gpumon_training_nccl_records_total",
+    "counter",
+    "Inspector records read, by outcome: counted, duplicate (a sequence number seen already), unmeasured "
+    "(no bus bandwidth), invalid (not an output format v4 record), foreign (a process other than its "
+    "file's name).",
+    ("outcome",),
+    source="--nccl-inspector-dir",
+)
+NCCL_SKIPPED = metric(
+    "gpumon_training_nccl_skipped_bytes_total",
+    "counter",
+    "Bytes of the dumps left unread: a file that gained more than 8 MiB between two reads (or past the "
+    "8 MiB a read parses), and lines over 64 KiB.",
+    (),
+    "bytes",
+    "--nccl-inspector-dir",
+)
+NCCL_FILES = metric(
+    "gpumon_training_nccl_files",
+    "gauge",
+    "Inspector dump files (<hostname>-pid<pid>.log) followed in --nccl-inspector-dir.",
+    (),
+    source="--nccl-inspector-dir",
+)
+
 section("Ingest")
 INGEST_REPORTS = metric(
     "gpumon_ingest_reports_total",

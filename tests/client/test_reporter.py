@@ -8,6 +8,7 @@ import math
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -85,7 +86,9 @@ def test_report_matches_the_protocol(
     r.add_phase("communication", 0.25)
     assert r.flush()
     body = srv.bodies[-1]
-    assert list(body) == [*REPORT_KEYS, "process_started"]  # Linux: the OS says when the process started
+    # Linux: the OS says when the process started; the host name joins NCCL's Inspector dumps
+    assert list(body) == [*REPORT_KEYS, "process_started", "hostname"]
+    assert body["hostname"] == socket.gethostname()
     assert body["process_started"] <= body["started"]
     assert body["v"] == 1 and body["final"] is False
     assert (body["job"], body["rank"], body["world_size"], body["local_rank"]) == ("test-job", 3, 8, 1)

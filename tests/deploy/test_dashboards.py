@@ -386,9 +386,21 @@ def test_queries_mean_what_their_panels_say(tmp_path: Path) -> None:
             for n in (0, 1)
         },
         'instance:gpumon_node:info{instance="a:9478",node="node-a"}': "1x60",
+        # NCCL on node a: two processes of job j, AllReduce at 20 and 60 GB/s for 0.5 and 0.25 s a second
+        # (time-weighted: (10 + 15) / 0.75 = 33.3 GB/s), and AllGather at 80 GB/s
+        **{
+            f'gpumon_training_nccl_{name}_total{{{a},job_name="j",operation="{op}"}}': f"0+{per_minute:g}x60"
+            for name, op, per_minute in (
+                ("bus_bytes", "AllReduce", 60 * (0.5 * 20e9 + 0.25 * 60e9)),
+                ("seconds", "AllReduce", 60 * 0.75),
+                ("bus_bytes", "AllGather", 60 * 0.1 * 80e9),
+                ("seconds", "AllGather", 60 * 0.1),
+            )
+        },
     }
     fleet, training, node = "gpumon-fleet", "gpumon-training", "gpumon-node"
     nic_use = panel_query(training, "NIC use of the job's ranks", job_name="j")
+    nccl = panel_query(training, "NCCL bus bandwidth", job_name="j")
     expected = [
         (panel_query(fleet, "Exporters down"), {}, 2),
         (panel_query(fleet, "Exporters down", job="gpumon"), {}, 0),  # all up: 0, not no data
@@ -408,6 +420,8 @@ def test_queries_mean_what_their_panels_say(tmp_path: Path) -> None:
         (f"count({panel_query(node, 'NIC errors')})", {}, 2),
         (panel_query(node, "NIC ports up"), {"instance": "a:9478"}, 0.5),
         (f"count({panel_query(node, 'Nearest NIC of each GPU')})", {}, 2),
+        (f"min({nccl})", {}, 25e9 / 0.75),
+        (f"max({nccl})", {}, 80e9),
     ]
     tests = [
         {

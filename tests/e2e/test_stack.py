@@ -24,6 +24,7 @@ import dataclasses
 import math
 import re
 import shutil
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -34,6 +35,7 @@ from typing import Any
 import pytest
 import yaml
 from support.helpers import IN_CI, ROOT, Daemon, free_port, require_tool, run_gpumon, start_daemon
+from support.inspector import Writer
 from support.stack import Prometheus, Webhook, alertmanager_binary, shortened_rules, start, start_prometheus
 from support.victoria import (
     VictoriaMetrics,
@@ -78,12 +80,14 @@ REGRESSION = "GpumonTrainingThroughputBelowBaseline"  # $__rate_interval: at lea
 LATE_JOB, LATE_GPU, LATE_START, COMPARE_AT = "late-ft", 4, 30, 150
 
 
-def node_args(i: int, library: Path) -> list[str]:
+def node_args(i: int, library: Path, nccl: Path | None = None) -> list[str]:
     args = ["--simulate", "8xH100-SXM", "--seed", str(i), "--node-name", f"node-{i}"]
     # a 2 s sampling interval halves the four daemons' load on this machine's two cores
     args += ["--interval", "2s", "--rate-window", "10s", "--baselines", str(library)]
     if i < 3:
         args += ["--sim-job", f"{JOB}:0-7:{8 * i}/{JOB_GPUS}"]
+        if nccl is not None:  # the job's ranks run in the daemon: a stand-in writes their NCCL dumps
+            args += ["--nccl-inspector-dir", str(nccl)]
     else:
         args += ["--sim-job", f"{SINGLE}:0-3", "--sim-fault", f"xid:{XID_GPU}:{XID}@{XID_AT}"]
     if i == 2:
@@ -176,6 +180,8 @@ def stack(tmp_path_factory) -> Iterator[dict[str, Any]]:
         started_at = time.time()  # every daemon's simulated clock starts after this
         nodes = [_daemon(i, library, work) for i in range(4)]
         started += nodes
+        # the simulated ranks report from their daemon's process, under this host's name
+        started.append(Writer(work / "nccl", [(socket.gethostname(), n.proc.pid) for n in nodes[:3]]).start())
         am_port = free_port()
         (work / "am.yml").write_text(yaml.safe_dump(alertmanager_config(hook.url)))
         am = start(
@@ -244,7 +250,8 @@ def stack(tmp_path_factory) -> Iterator[dict[str, Any]]:
 
 
 def _daemon(i: int, library: Path, work: Path) -> Daemon:
-    return start_daemon(*node_args(i, library), log_file=work / f"node-{i}.log")
+    (work / "nccl").mkdir(exist_ok=True)
+    return start_daemon(*node_args(i, library, work / "nccl"), log_file=work / f"node-{i}.log")
 
 
 def _starts(alert: dict[str, Any]) -> float:

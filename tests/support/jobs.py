@@ -14,6 +14,8 @@ from gpumon.jobs.analysis import Analysis
 from gpumon.jobs.collector import IngestStats, TrainingCollector
 from gpumon.jobs.report import parse
 from gpumon.jobs.store import JobStore
+from gpumon.nccl.reader import InspectorReader
+from support.inspector import append, record
 from support.reports import report
 
 
@@ -29,6 +31,7 @@ def jobs(snap, details: frozenset[str] = frozenset()) -> TrainingCollector:
     half = {"data_wait": 0.5, "communication": 1.5}
     earlier = report(10, started=now - 2.5, rank=1, world_size=2, devices=["1"], phases=half)
     other = report(20, started=now - 2.5, rank=1, world_size=2, devices=["1"], phases=phases)
+    other["hostname"] = "node-1"  # its NCCL Inspector dump joins it (node-1-pid4242.log)
     other["memory"] = {  # a PyTorch rank on CUDA: its allocator's view
         "device": 0, "allocated_bytes": 30 << 30, "allocated_peak_bytes": 36 << 30,
         "reserved_bytes": 40 << 30, "reserved_peak_bytes": 42 << 30, "active_bytes": 31 << 30,
@@ -59,4 +62,17 @@ def jobs(snap, details: frozenset[str] = frozenset()) -> TrainingCollector:
     B.save(str(path), B.Library((ref, one)))
     watch = LibraryWatch(str(path), clock=lambda: 0.0)  # read once, at creation
     shutil.rmtree(path.parent)
-    return TrainingCollector(Analysis(store, lambda: snap, clock=lambda: now), stats, watch, details)
+    dumps = Path(tempfile.mkdtemp())
+    nccl = InspectorReader(str(dumps), every=None, clock=lambda: now)
+    nccl.read_once()
+    records = [record("node-1", 4242, n, seconds=0.05, busbw_gbs=42.5) for n in range(1, 5)]
+    append(
+        dumps,
+        "node-1",
+        4242,
+        [*records, record("node-1", 4242, 4), record("node-1", 4242, 9, op="Send", p2p=True)],
+    )
+    nccl.read_once()
+    shutil.rmtree(dumps)
+    analysis = Analysis(store, lambda: snap, clock=lambda: now, nccl=nccl.ledger)
+    return TrainingCollector(analysis, stats, watch, details, nccl=nccl)

@@ -138,6 +138,10 @@ class Signals:
     nic_utilization: float | None = None
     nic_errors: float | None = None
     nics_down: tuple[str, ...] = ()
+    # NCCL's own measure of the rank's collectives over the window (its Inspector plugin, gpumon/nccl): bus
+    # bandwidth in bytes per second, weighted by time, and the operation that took the most time
+    nccl_bus_bandwidth: float | None = None
+    nccl_operation: str | None = None
 
     @property
     def current_utilization(self) -> float | None:

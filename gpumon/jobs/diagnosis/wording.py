@@ -195,18 +195,19 @@ _SUMMARIES: dict[str, Callable[[Signals], str]] = {
     ),
     "communication": lambda s: (
         f"communication-bound: {_pct(s.communication_share)} of wall time in "
-        f"communication, link use {_pct(link_use(s))}{_network(s)}"
+        f"communication, link use {_pct(link_use(s))}{_network(s)}{_nccl(s)}"
     ),
     "communication_wait": lambda s: (
         f"waiting in communication: {_pct(s.communication_share)} of wall time in collectives with "
-        f"{s.peers_elsewhere} ranks on other nodes, link use {_pct(link_use(s))}; a slow network and a "
+        f"{s.peers_elsewhere} ranks on other nodes, link use {_pct(link_use(s))}{_nccl(s)}; a slow network "
+        "and a "
         "slower peer look the same from this node: the job's view across nodes says which"
     ),
     "peer_wait": lambda s: (
         f"waiting on peers: {_pct(s.communication_share)} of wall time in collectives with "
         f"{s.peers_elsewhere} ranks on other nodes, while its NICs ({', '.join(s.nics)}) carry "
         f"{_pct(nic_in_communication(s))} of their line rate in them ({_pct(s.nic_utilization)} over the "
-        "window): not the network, a slower peer holds the collectives back"
+        f"window){_nccl(s)}: not the network, a slower peer holds the collectives back"
     ),
     "throttled": lambda s: (
         f"throttled: thermal or hardware clock limits active in {_pct(s.throttled_share)} of samples, and "
@@ -264,6 +265,14 @@ def _network(s: Signals) -> str:
     if s.nics_down:
         parts.append(f"ports not ACTIVE: {', '.join(s.nics_down)}")
     return "".join(f", {p}" for p in parts)
+
+
+def _nccl(s: Signals) -> str:
+    """NCCL's own figure for the rank's collectives, where its Inspector's dumps are read."""
+    if s.nccl_bus_bandwidth is None:
+        return ""
+    what = s.nccl_operation or "all operations"
+    return f", NCCL's bus bandwidth {s.nccl_bus_bandwidth / 1e9:.3g} GB/s ({what})"
 
 
 def nic_note(s: Signals) -> str:

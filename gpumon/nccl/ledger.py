@@ -1,0 +1,165 @@
+"""The records read, per training process (hostname, pid): cumulative totals per operation for the job's
+counters, and recent points for the diagnosis window.
+
+A record is counted once: the plugin drains each communicator's ring of completed operations at every dump,
+but a file read from its start again (truncated, replaced) or a plugin that writes the latest operation at
+each dump (NCCL 2.28 and older) repeats sequence numbers; the highest one of each communicator's rank is
+kept (a process driving several GPUs holds one rank of the communicator for each). Sequence
+numbers that skip (a ring that overflowed between dumps, the older plugin's one-per-dump) are not made up:
+the totals are of the operations read, a sample whose bus bandwidth (bus bytes over seconds) is NCCL's own.
+
+Bounded: MAX_PROCESSES processes (the least recently written go first), MAX_COMMUNICATORS per process,
+MAX_OPERATIONS names per process (later names count under "other"), MAX_POINTS recent points per process
+(one per operation and read: over 25 minutes of reads every 5 s).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from gpumon.nccl.records import Record
+
+MAX_PROCESSES = 1024
+MAX_COMMUNICATORS = 256
+MAX_OPERATIONS = 12
+MAX_POINTS = 4096
+OTHER = "other"
+FORGET_AFTER = 3600.0  # seconds without a record
+
+
+class Totals(NamedTuple):
+    operations: int
+    seconds: float
+    bus_bytes: float  # bus bandwidth x time: NCCL's bus bytes
+
+
+@dataclass(frozen=True, slots=True)
+class NcclUse:
+    """A process's records over a window."""
+
+    operations: int
+    seconds: float  # their execution time, summed over communicators (overlapping ones count twice)
+    bus_bytes_per_second: float | None  # their bus bandwidth, weighted by time; None: no time measured
+    busiest: str | None  # the operation with the most time
+
+
+class _Point(NamedTuple):
+    """The records of one operation read at one time (one pass of the reader)."""
+
+    t: float
+    operation: str
+    seconds: float
+    bus_bytes: float
+    operations: int
+
+
+@dataclass
+class _Process:
+    last: float
+    sns: dict[tuple[str, int, str], int] = field(default_factory=dict)  # (communicator, rank, kind) → sn
+    totals: dict[str, list[float]] = field(default_factory=dict)  # operation → [operations, seconds, bytes]
+    points: deque[_Point] = field(default_factory=lambda: deque(maxlen=MAX_POINTS))
+
+
+class Outcome:
+    COUNTED = "counted"
+    DUPLICATE = "duplicate"
+    UNMEASURED = "unmeasured"  # no bus bandwidth ("nan")
+
+
+def _note(points: deque[_Point], new: _Point) -> None:
+    """Add to the point of the same operation and time (a pass reads many records at one time), else append:
+    MAX_POINTS then spans MAX_POINTS / (MAX_OPERATIONS + 1) passes however many records each brings."""
+    for i in range(1, min(len(points), MAX_OPERATIONS + 1) + 1):
+        q = points[-i]
+        if q.t != new.t:
+            break
+        if q.operation == new.operation:
+            points[-i] = q._replace(
+                seconds=q.seconds + new.seconds,
+                bus_bytes=q.bus_bytes + new.bus_bytes,
+                operations=q.operations + 1,
+            )
+            return
+    points.append(new)
+
+
+class NcclLedger:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._procs: dict[tuple[str, int], _Process] = {}
+
+    def add(self, record: Record, now: float) -> str:
+        """Count one record, read at ``now``; returns its Outcome."""
+        key = (record.hostname, record.pid)
+        with self._lock:
+            p = self._procs.pop(key, None)  # re-inserted last: the dict's order is recency
+            if p is None:
+                p = _Process(now)
+                if len(self._procs) >= MAX_PROCESSES:
+                    del self._procs[next(iter(self._procs))]
+            self._procs[key] = p
+            p.last = now
+            comm = (record.communicator, record.rank, record.kind)
+            before = p.sns.get(comm)
+            if before is not None and record.sn <= before:
+                return Outcome.DUPLICATE
+            if before is None and len(p.sns) >= MAX_COMMUNICATORS:
+                p.sns.pop(next(iter(p.sns)))
+            p.sns[comm] = record.sn
+            if record.bus_bytes_per_second is None:
+                return Outcome.UNMEASURED
+            name = record.operation
+            if name not in p.totals and len(p.totals) >= MAX_OPERATIONS:
+                name = OTHER
+            bus = record.bus_bytes_per_second * record.seconds
+            t = p.totals.setdefault(name, [0, 0.0, 0.0])
+            t[0] += 1
+            t[1] += record.seconds
+            t[2] += bus
+            _note(p.points, _Point(now, name, record.seconds, bus, 1))
+            return Outcome.COUNTED
+
+    def totals(self, hostname: str, pid: int) -> dict[str, Totals]:
+        """The process's totals per operation since this daemon first read it."""
+        with self._lock:
+            p = self._procs.get((hostname, pid))
+            return {} if p is None else {op: Totals(int(t[0]), t[1], t[2]) for op, t in p.totals.items()}
+
+    def use(self, hostname: str, pid: int, now: float, window: float) -> NcclUse | None:
+        """The process's records read within [now - window, now]; None where there are none."""
+        with self._lock:
+            p = self._procs.get((hostname, pid))
+            points = []
+            for x in reversed(p.points) if p is not None else ():  # in time order: newest first, stop early
+                if x.t < now - window:
+                    break
+                if x.t <= now:
+                    points.append(x)
+        if not points:
+            return None
+        seconds = sum(x.seconds for x in points)
+        by_op: dict[str, float] = {}
+        for x in points:
+            by_op[x.operation] = by_op.get(x.operation, 0.0) + x.seconds
+        return NcclUse(
+            operations=sum(x.operations for x in points),
+            seconds=seconds,
+            bus_bytes_per_second=sum(x.bus_bytes for x in points) / seconds if seconds > 0 else None,
+            busiest=max(by_op, key=lambda k: by_op[k]),
+        )
+
+    def forget(self, now: float, keep: Iterable[tuple[str, int]] = ()) -> None:
+        """Drop the processes without a record for FORGET_AFTER, but those in ``keep`` (ranks report them)."""
+        kept = set(keep)
+        with self._lock:
+            for key in [k for k, p in self._procs.items() if now - p.last > FORGET_AFTER and k not in kept]:
+                del self._procs[key]
+
+    def processes(self) -> list[tuple[str, int]]:
+        with self._lock:
+            return list(self._procs)

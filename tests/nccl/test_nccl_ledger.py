@@ -1,0 +1,106 @@
+"""Records counted once per process and operation, the window's bus bandwidth, and a job's counters that
+never go back when its ranks restart or leave."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from support.inspector import append, line, record
+
+from gpumon.jobs.series.nccl import JobNccl
+from gpumon.nccl import ledger as L
+from gpumon.nccl.ledger import NcclLedger, Totals
+from gpumon.nccl.reader import InspectorReader
+from gpumon.nccl.records import parse
+
+
+def add(ledger: NcclLedger, now: float, *args: object, **kw: object) -> str:
+    return ledger.add(parse(line(record(*args, **kw))), now)  # type: ignore[arg-type]
+
+
+def test_each_operation_counts_once_per_communicator() -> None:
+    led = NcclLedger()
+    assert add(led, 10, "h", 1, 5, seconds=0.5, busbw_gbs=40) == "counted"
+    assert add(led, 11, "h", 1, 5, seconds=0.5, busbw_gbs=40) == "duplicate"  # the same record again
+    assert add(led, 11, "h", 1, 4) == "duplicate"  # an earlier one, read late
+    assert add(led, 12, "h", 1, 5, comm="0xother", seconds=0.25, busbw_gbs=80) == "counted"  # another comm
+    assert add(led, 12, "h", 1, 9, op="Send", p2p=True, seconds=0.1, busbw_gbs=10) == "counted"
+    assert add(led, 13, "h", 1, 10, busbw_gbs="nan") == "unmeasured"
+    assert add(led, 13, "h", 1, 10, busbw_gbs=40) == "duplicate"  # its sequence number was read
+    got = led.totals("h", 1)
+    assert got["AllReduce"] == Totals(2, 0.75, pytest.approx(0.5 * 40e9 + 0.25 * 80e9))
+    assert got["Send"].operations == 1
+    assert led.totals("h", 2) == {}
+
+
+def test_the_window_weights_bandwidth_by_time() -> None:
+    led = NcclLedger()
+    add(led, 100, "h", 1, 1, seconds=0.3, busbw_gbs=10)  # before the window
+    add(led, 150, "h", 1, 2, seconds=0.3, busbw_gbs=40)
+    add(led, 155, "h", 1, 3, seconds=0.1, busbw_gbs=80, op="AllGather")
+    use = led.use("h", 1, now=160, window=30)
+    assert use is not None
+    assert use.operations == 2 and use.seconds == pytest.approx(0.4)
+    assert use.bus_bytes_per_second == pytest.approx((0.3 * 40e9 + 0.1 * 80e9) / 0.4)
+    assert use.busiest == "AllReduce"
+    assert led.use("h", 1, now=400, window=30) is None
+    assert led.use("other", 1, now=160, window=30) is None
+
+
+def test_bounded_in_processes_names_and_points(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(L, "MAX_PROCESSES", 4)
+    led = NcclLedger()
+    for pid in range(1, 10):
+        add(led, pid, "h", pid, 1)
+    assert sorted(p for _, p in led.processes()) == [6, 7, 8, 9]  # the least recently written went first
+    for n in range(30):
+        add(led, 20, "h", 9, n + 2, op=f"Op{n}")
+    names = set(led.totals("h", 9))
+    assert len(names) == L.MAX_OPERATIONS + 1 and L.OTHER in names
+    led.forget(now=20 + L.FORGET_AFTER + 1, keep=[("h", 9)])
+    assert led.processes() == [("h", 9)]
+
+
+def test_a_job_counter_never_goes_back() -> None:
+    jobs = JobNccl()
+    jobs.add("llm", ("h", 1), {"AllReduce": Totals(10, 1.0, 40e9)})
+    jobs.add("llm", ("h", 2), {"AllReduce": Totals(5, 0.5, 20e9)})
+    assert jobs.get("llm")["AllReduce"] == (15, 1.5, 60e9)
+    jobs.add("llm", ("h", 1), {"AllReduce": Totals(11, 1.1, 44e9)})  # its growth only
+    assert jobs.get("llm")["AllReduce"] == pytest.approx((16, 1.6, 64e9))
+    # a rank restarts as a new process: its totals add in full, even above the old process's
+    jobs.add("llm", ("h", 3), {"AllReduce": Totals(12, 1.2, 48e9)})
+    assert jobs.get("llm")["AllReduce"] == pytest.approx((28, 2.8, 112e9))
+    # the ledger forgot process 2 and counts it again from 0
+    jobs.add("llm", ("h", 2), {"AllReduce": Totals(2, 0.2, 8e9)})
+    assert jobs.get("llm")["AllReduce"] == pytest.approx((30, 3.0, 120e9))
+    jobs.keep([("llm", ("h", 3))])  # the others' ranks left the store: what they counted stays
+    assert jobs.get("llm")["AllReduce"][0] == 30
+    jobs.keep([])
+    assert jobs.get("llm") == {}
+
+
+def test_one_process_of_several_ranks_keeps_each_ranks_records() -> None:
+    """A process driving two GPUs holds two ranks of one communicator: the same hash and sequence numbers."""
+    led = NcclLedger()
+    for rank in (0, 1):
+        rec = record("h", 1, 7)
+        rec["header"]["rank"] = rank
+        assert led.add(parse(line(rec)), 10) == "counted"
+    assert led.totals("h", 1)["AllReduce"].operations == 2
+
+
+def test_the_reader_counts_every_outcome(tmp_path: Path) -> None:
+    reader = InspectorReader(str(tmp_path), every=None, clock=lambda: 1000.0)
+    reader.read_once()
+    path = append(tmp_path, "node-1", 7, [record("node-1", 7, 1), record("node-1", 7, 1)])
+    with path.open("ab") as f:
+        f.write(line(record("node-2", 7, 2)))  # another process's record in this file: foreign
+        f.write(b"not json\n")
+        f.write(line(record("node-1", 7, 3, busbw_gbs="nan")))
+    reader.read_once()
+    outcomes, skipped, files = reader.counts()
+    assert outcomes == {"counted": 1, "duplicate": 1, "unmeasured": 1, "invalid": 1, "foreign": 1}
+    assert (skipped, files) == (0, 1)
+    assert reader.ledger.totals("node-2", 7) == {}

@@ -1,0 +1,162 @@
+"""The dump directory read pass by pass: only what files gained, whole lines, bounded, and never through a
+link or into a FIFO (the directory is writable by every training process)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from support.inspector import append, dump_path, line, record
+
+from gpumon.nccl import tail
+from gpumon.nccl.records import MAX_LINE
+from gpumon.nccl.tail import DumpDir
+
+
+def lines(d: DumpDir) -> list[bytes]:
+    return [raw for _, _, raw in d.read().lines]
+
+
+def test_a_file_is_read_from_where_the_last_pass_left_off(tmp_path: Path) -> None:
+    d = DumpDir(str(tmp_path))
+    assert d.read().files == 0  # the first pass: nothing yet
+    append(tmp_path, "node-1", 42, [record("node-1", 42, 1), record("node-1", 42, 2)])
+    got = d.read()
+    assert [(h, p) for h, p, _ in got.lines] == [("node-1", 42)] * 2
+    assert got.files == 1
+    assert lines(d) == []
+    append(tmp_path, "node-1", 42, [record("node-1", 42, 3)])
+    assert lines(d) == [line(record("node-1", 42, 3)).rstrip(b"\n")]
+
+
+def test_files_present_at_start_are_read_from_their_end(tmp_path: Path) -> None:
+    append(tmp_path, "h", 1, [record("h", 1, n) for n in range(100)])  # history before this daemon
+    path = dump_path(tmp_path, "h", 2)
+    path.write_bytes(line(record("h", 2, 1)) + line(record("h", 2, 2))[:30])  # mid-line when we start
+    d = DumpDir(str(tmp_path))
+    assert lines(d) == []
+    append(tmp_path, "h", 1, [record("h", 1, 100)])
+    with path.open("ab") as f:
+        f.write(line(record("h", 2, 2))[30:] + line(record("h", 2, 3)))
+    got = lines(d)
+    # the end of the line begun before the first pass is not a record; the next whole one is
+    assert sorted(got) == [line(record("h", 1, 100)).rstrip(b"\n"), line(record("h", 2, 3)).rstrip(b"\n")]
+
+
+def test_a_line_written_in_pieces_is_read_once_whole(tmp_path: Path) -> None:
+    d = DumpDir(str(tmp_path))
+    d.read()
+    whole = line(record("h", 1, 1))
+    path = dump_path(tmp_path, "h", 1)
+    for i in range(0, len(whole), 50):
+        with path.open("ab") as f:
+            f.write(whole[i : i + 50])
+        got = lines(d)
+        assert got == ([whole.rstrip(b"\n")] if i + 50 >= len(whole) else [])
+
+
+def test_truncated_or_replaced_files_are_read_from_their_start(tmp_path: Path) -> None:
+    d = DumpDir(str(tmp_path))
+    d.read()
+    path = append(tmp_path, "h", 1, [record("h", 1, n) for n in range(5)])
+    assert len(lines(d)) == 5
+    path.write_bytes(line(record("h", 1, 9)))  # truncated and rewritten shorter
+    assert lines(d) == [line(record("h", 1, 9)).rstrip(b"\n")]
+    other = tmp_path / "new"
+    other.write_bytes(b"".join(line(record("h", 1, n)) for n in range(20, 40)))
+    os.replace(other, path)  # a new inode, larger than the offset reached
+    assert len(lines(d)) == 20
+
+
+def test_a_backlog_over_the_limit_is_skipped_and_counted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(tail, "MAX_BACKLOG", 10_000)
+    d = DumpDir(str(tmp_path))
+    d.read()
+    path = append(tmp_path, "h", 1, [record("h", 1, n) for n in range(100)])
+    got = d.read()
+    assert got.lines == [] and got.skipped_bytes == path.stat().st_size
+    append(tmp_path, "h", 1, [record("h", 1, 100)])  # reading resumes with the next line
+    assert len(lines(d)) == 1
+
+
+def test_an_over_long_line_is_dropped_up_to_its_newline(tmp_path: Path) -> None:
+    d = DumpDir(str(tmp_path))
+    d.read()
+    path = dump_path(tmp_path, "h", 1)
+    path.write_bytes(b"x" * (MAX_LINE + 10))  # no newline yet: grows without bound
+    got = d.read()
+    assert got.lines == [] and got.skipped_bytes == MAX_LINE + 10
+    with path.open("ab") as f:
+        f.write(b"y" * 5 * MAX_LINE + b"\n" + line(record("h", 1, 1)))
+    got = d.read()
+    assert [raw for _, _, raw in got.lines] == [line(record("h", 1, 1)).rstrip(b"\n")]
+
+
+def test_links_fifos_and_other_names_are_never_opened(tmp_path: Path) -> None:
+    secret = tmp_path / "secret"
+    secret.write_bytes(line(record("h", 1, 1)))
+    d = DumpDir(str(tmp_path))
+    d.read()
+    os.symlink(secret, dump_path(tmp_path, "h", 1))
+    os.mkfifo(dump_path(tmp_path, "h", 2))  # opening it for reading would block
+    (tmp_path / "h-pid3.log.1").write_bytes(line(record("h", 3, 1)))
+    (tmp_path / "nccl_inspector_metrics_GPU-1.prom").write_text("x 1\n")
+    os.mkdir(dump_path(tmp_path, "h", 4))
+    got = d.read()
+    assert got.lines == [] and got.ignored == 3 and got.files == 0
+
+
+def test_a_file_swapped_for_a_link_between_listing_and_open_is_not_followed(tmp_path: Path) -> None:
+    d = DumpDir(str(tmp_path))
+    d.read()
+    path = append(tmp_path, "h", 1, [record("h", 1, 1)])
+    secret = tmp_path / "secret"
+    secret.write_bytes(line(record("h", 1, 2)) * 3)
+    real_list = tail._list
+
+    def swapped(p: str) -> list[tuple[str, os.stat_result]]:
+        listed = real_list(p)
+        path.unlink()
+        os.symlink(secret, path)
+        return listed
+
+    tail._list = swapped  # type: ignore[assignment]
+    try:
+        assert d.read().lines == []
+    finally:
+        tail._list = real_list  # type: ignore[assignment]
+
+
+def test_a_missing_directory_is_an_error_not_an_exception(tmp_path: Path) -> None:
+    d = DumpDir(str(tmp_path / "absent"))
+    got = d.read()
+    assert got.error is not None and "absent" in got.error
+    (tmp_path / "absent").mkdir()
+    assert d.read().error is None
+
+
+def test_files_past_the_limit_are_left_unread(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tail, "MAX_FILES", 3)
+    d = DumpDir(str(tmp_path))
+    d.read()
+    for pid in range(1, 6):
+        append(tmp_path, "h", pid, [record("h", pid, 1)])
+    got = d.read()
+    assert (got.files, got.ignored, len(got.lines)) == (3, 2, 3)
+    for pid in range(1, 6):
+        dump_path(tmp_path, "h", pid).unlink()
+    assert d.read().files == 0
+    assert not d._files  # forgotten with their files
+
+
+def test_the_budget_bounds_a_pass_over_many_files(tmp_path: Path) -> None:
+    d = DumpDir(str(tmp_path))
+    d.read()
+    for pid in range(1, 11):
+        append(tmp_path, "h", pid, [record("h", pid, n) for n in range(10)])
+    size = dump_path(tmp_path, "h", 1).stat().st_size
+    got = d.read(budget=3 * size)
+    assert len(got.lines) == 30 and got.skipped_bytes == 7 * size
