@@ -14,7 +14,8 @@ Sample = tuple[Metric, list[str], float]
 
 def nic_samples(ports: tuple[RdmaPort, ...], *, detail: bool = False) -> Iterator[Sample]:
     """Each port's samples; an absent quantity (a missing file, an adapter without counters) has none.
-    Without ``detail`` (nic-detail), only the error counters operators act on (ERRORS), whatever was read."""
+    Without ``detail`` (nic-detail), only the error counters operators act on (ERRORS) and none of the
+    hw_counters, whatever was read."""
     for p in ports:
         key = [p.device, str(p.port)]
         info = [p.link_layer or "", p.pci_bus_id or "", p.board_id or "", p.fw_ver or ""]
@@ -33,5 +34,6 @@ def nic_samples(ports: tuple[RdmaPort, ...], *, detail: bool = False) -> Iterato
         for name, count in p.errors.items():
             if detail or name in ERRORS:
                 yield M.NIC_ERRORS, [*key, name], float(count)
-        for name, count in p.hw_counters.items():
-            yield M.NIC_HW, [*key, name], float(count)
+        if detail:  # the retransmits and congestion notifications the verdict reads stay in the daemon
+            for name, count in p.hw_counters.items():
+                yield M.NIC_HW, [*key, name], float(count)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from gpumon.gpu.snapshot import Snapshot
-from gpumon.net.rdma import ERRORS
+from gpumon.net.rdma import CONGESTION, ERRORS, RETRANSMITS
 
 MAX_POINTS = 512  # per port: over an hour of readings every 5 s, far beyond any window
 KEEP_AFTER = 30.0  # seconds beyond the window: a finished rank is judged by a window that ended earlier
@@ -30,6 +30,8 @@ class _Point(NamedTuple):
     errors: int  # the ERRORS counters the port has, summed
     up: bool | None
     speed: float | None
+    retransmits: int | None  # the RETRANSMITS counters, summed; None: the port has none
+    cnps: int | None  # the CONGESTION counters, summed
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +42,8 @@ class NicUse:
     utilization: float | None  # the busiest port's busier direction, of its line rate; None: too few points
     errors: float | None  # the error counters' growth over the window, all ports together
     down: tuple[str, ...]  # ports not ACTIVE now, as device/port, and NICs gone from the readings
+    retransmit_rate: float | None = None  # the transport's retries a second, all ports together (RoCE)
+    cnp_rate: float | None = None  # congestion notifications handled a second, all ports together
 
 
 class NicHistory:
@@ -62,7 +66,16 @@ class NicHistory:
                 key = (p.device, p.port)
                 live.add(key)
                 errors = sum(v for name, v in p.errors.items() if name in ERRORS)
-                point = _Point(at, p.receive_bytes, p.transmit_bytes, errors, p.up, p.rate_bytes_per_second)
+                point = _Point(
+                    at,
+                    p.receive_bytes,
+                    p.transmit_bytes,
+                    errors,
+                    p.up,
+                    p.rate_bytes_per_second,
+                    _sum(p.hw_counters, RETRANSMITS),
+                    _sum(p.hw_counters, CONGESTION),
+                )
                 points = self._points.setdefault(key, deque(maxlen=MAX_POINTS))
                 if points and at <= points[-1].t:  # a clock stepped back: start afresh
                     points.clear()
@@ -92,7 +105,10 @@ class NicHistory:
         down = [f"{d} (gone)" for d in wanted if d in gone]
         if not ports and not down:
             return None
-        shares, grew = [], []
+        shares: list[float] = []
+        grew: list[int] = []
+        retries: list[float] = []
+        cnps: list[float] = []
         for (device, port), points in sorted(ports.items()):
             first, last = points[0], points[-1]
             if last.up is False:
@@ -109,9 +125,19 @@ class NicHistory:
                 shares.append(min(1.0, max(rates) / last.speed))
             if last.errors >= first.errors:
                 grew.append(last.errors - first.errors)
+            for out, a, b in ((retries, first.retransmits, last.retransmits), (cnps, first.cnps, last.cnps)):
+                if a is not None and b is not None and b >= a:
+                    out.append((b - a) / span)
         return NicUse(
             nics=wanted,
             utilization=max(shares) if shares else None,
             errors=float(sum(grew)) if grew else None,
             down=tuple(down),
+            retransmit_rate=sum(retries) if retries else None,
+            cnp_rate=sum(cnps) if cnps else None,
         )
+
+
+def _sum(counters: dict[str, int], names: tuple[str, ...]) -> int | None:
+    known = [counters[n] for n in names if n in counters]
+    return sum(known) if known else None

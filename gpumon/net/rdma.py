@@ -51,6 +51,10 @@ HW_COUNTERS = (
     "rnr_nak_retry_err",
     "out_of_buffer",  # packets dropped for want of a receive buffer
 )
+# the transport's retries (packets lost on the path and sent again: RoCE on a lossy fabric) and the
+# congestion notifications this port slowed down for: read always for the verdict, exported with nic-detail
+RETRANSMITS = ("local_ack_timeout_err", "out_of_sequence", "packet_seq_err")
+CONGESTION = ("rp_cnp_handled",)
 NA = "N/A"  # what a counter without a performance-management agent reads
 MAX_VALUE_BYTES = 256  # a sysfs attribute is at most a page; these are one short line
 _RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*Gb/sec", re.IGNORECASE)
@@ -166,8 +170,8 @@ def _listdir(path: str) -> list[str]:
 
 
 def read_port(device_dir: str, device: str, port: int, *, detail: bool = False) -> RdmaPort | None:
-    """One port of one device, or None when the port is gone. ``detail`` also reads MORE_ERRORS,
-    HW_COUNTERS."""
+    """One port of one device, or None when the port is gone. ``detail`` also reads MORE_ERRORS and every
+    HW_COUNTERS (without it, the RETRANSMITS and CONGESTION ones)."""
     base = os.path.join(device_dir, "ports", str(port))
     if not os.path.isdir(base):
         return None
@@ -191,11 +195,11 @@ def read_port(device_dir: str, device: str, port: int, *, detail: bool = False) 
     names = ERRORS + (MORE_ERRORS if detail else ())
     errors = {n: v for n in names if (v := counter(n)) is not None}
     hw: dict[str, int] = {}
-    if detail:
-        hwdir = os.path.join(base, "hw_counters")
+    hwdir = os.path.join(base, "hw_counters")
+    if os.path.isdir(hwdir):  # mlx5 has them; most other drivers, and InfiniBand ports of some, do not
         hw = {
             n: v
-            for n in HW_COUNTERS
+            for n in (HW_COUNTERS if detail else RETRANSMITS + CONGESTION)
             if (v := _count(os.path.join(hwdir, n), bad, f"ports/{port}/hw_counters/{n}")) is not None
         }
     read = RdmaPort(

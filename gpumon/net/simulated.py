@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from gpumon.net.affinity import PATHS, Nearest, normalise
-from gpumon.net.rdma import ERRORS, HW_COUNTERS, MORE_ERRORS, RdmaPort
+from gpumon.net.rdma import CONGESTION, ERRORS, HW_COUNTERS, MORE_ERRORS, RETRANSMITS, RdmaPort
 
 EFFICIENCY = 0.92  # of the line rate a large all-reduce achieves (NCCL's bus bandwidth on NDR: ~370 Gb/s)
 IDLE_BYTES_PER_SECOND = 2.0e3  # subnet management and keep-alives, each way
@@ -102,7 +102,7 @@ class SimNics:
             share = busy / len(nic.gpus)
             moved = int(share * nic.rate_bytes_per_second * EFFICIENCY + IDLE_BYTES_PER_SECOND * max(0.0, t))
             errors = dict.fromkeys(ERRORS + (MORE_ERRORS if detail else ()), 0)
-            roce = detail and nic.link_layer == "Ethernet"
+            roce = nic.link_layer == "Ethernet"  # mlx5's RoCE ports have hw_counters, a healthy fabric 0s
             out.append(
                 RdmaPort(
                     device=nic.device,
@@ -116,7 +116,9 @@ class SimNics:
                     receive_packets=moved // MTU,
                     transmit_packets=moved // MTU,
                     errors=errors,
-                    hw_counters=dict.fromkeys(HW_COUNTERS, 0) if roce else {},
+                    hw_counters=dict.fromkeys(HW_COUNTERS if detail else RETRANSMITS + CONGESTION, 0)
+                    if roce
+                    else {},
                     pci_bus_id=nic.pci_bus_id,
                     board_id="MT_0000000838",  # a ConnectX-7's
                     fw_ver="28.39.1002",

@@ -298,7 +298,7 @@ def test_the_nccl_inspector_directory(tmp_path: Path) -> None:
     later = tmp_path / "not-yet"  # the first job may create it: read once it exists
     assert resolve({}, env={"GPUMON_NCCL_INSPECTOR_DIR": str(later)}).nccl_inspector_dir == str(later)
     (tmp_path / "file").write_text("")
-    with pytest.raises(ConfigError, match="nccl-inspector-dir: .* is not a directory"):
+    with pytest.raises(ConfigError, match=r"nccl-inspector-dir: .* is not a directory"):
         resolve({}, env={"GPUMON_NCCL_INSPECTOR_DIR": str(tmp_path / "file")})
     with pytest.raises(ConfigError, match="drop --no-ingest"):
         resolve(flags(ingest=False, nccl_inspector_dir=str(tmp_path)), env={})

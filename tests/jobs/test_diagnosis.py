@@ -99,6 +99,9 @@ def test_thresholds_are_configurable() -> None:
         (["data_wait_share"], "expected NAME=VALUE"),
         (["data_wait_share=x"], "expected a number between 0 and 1"),
         (["data_wait_share=1.5"], "expected a number between 0 and 1"),
+        (["nic_cnp_rate=-1"], "expected a number between 0 and 1e"),
+        (["nic_cnp_rate=inf"], "expected a number between 0 and 1e"),
+        (["nic_retransmit_rate=nan"], "expected a number between 0 and 1e"),
     ],
 )
 def test_bad_thresholds_say_what_to_fix(items: list[str], message: str) -> None:
@@ -108,6 +111,7 @@ def test_bad_thresholds_say_what_to_fix(items: list[str], message: str) -> None:
 
 def test_thresholds_from_a_toml_table_and_comma_lists() -> None:
     assert parse_thresholds({"sm_busy": 0.7}).sm_busy == 0.7
+    assert parse_thresholds(["nic_cnp_rate=5000"]).nic_cnp_rate == 5000.0  # a rate, not a ratio
     t = parse_thresholds(["sm_busy=0.7,tensor_busy=0.5"])
     assert (t.sm_busy, t.tensor_busy) == (0.7, 0.5)
 
@@ -326,3 +330,32 @@ def test_without_nic_evidence_or_peers_elsewhere_the_nics_say_nothing() -> None:
     assert v.summary == "communication-bound: 45 % of wall time in communication, link use n/a"
     assert not {"waiting_on_peers", "nic_errors"} & set(v.findings)
     assert not [e for e in v.evidence if e.signal.startswith("nic")]
+
+
+def test_a_lossy_or_congested_roce_fabric_is_the_network_however_idle_the_nics() -> None:
+    """Low throughput with the transport retransmitting, or slowing down for congestion notifications, is
+    the fabric's fault, not a slower peer's (found by review: it read "waiting on peers")."""
+    lossy = diagnose(Signals(**MULTI, nics=("mlx5_0",), nic_utilization=0.05, nic_retransmit_rate=40.0), T)
+    assert "waiting_on_peers" not in lossy.findings and "nic_congestion" in lossy.findings
+    assert (
+        lossy.summary.startswith("communication-bound")
+        and "40 transport retransmissions a second" in lossy.summary
+    )
+    assert any("PFC and ECN" in n for n in lossy.notes)
+    retries = next(e for e in lossy.evidence if e.signal == "nic_retransmit_rate")
+    assert retries.met and retries.threshold == T.nic_retransmit_rate and retries.unit == "count"
+    congested = diagnose(Signals(**MULTI, nics=("mlx5_0",), nic_utilization=0.05, nic_cnp_rate=2500.0), T)
+    assert (
+        "nic_congestion" in congested.findings
+        and "2.5e+03 congestion notifications a second" in congested.summary
+    )
+    # below both thresholds: a healthy RoCE fabric's few, and the NICs idle: a slower peer
+    healthy = Signals(
+        **MULTI, nics=("mlx5_0",), nic_utilization=0.05, nic_retransmit_rate=0.1, nic_cnp_rate=20.0
+    )
+    v = diagnose(healthy, T)
+    assert "waiting_on_peers" in v.findings and "nic_congestion" not in v.findings
+    assert "waiting_on_peers" not in diagnose(healthy, Thresholds(nic_cnp_rate=10.0)).findings
+    # InfiniBand ports (no hw_counters read): no such evidence at all
+    ib = diagnose(Signals(**MULTI, nics=("mlx5_0",), nic_utilization=0.05), T)
+    assert not [e for e in ib.evidence if e.signal in ("nic_retransmit_rate", "nic_cnp_rate")]

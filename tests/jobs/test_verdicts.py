@@ -417,6 +417,33 @@ def test_the_nics_nearest_a_spread_jobs_gpus_tell_the_network_from_a_slower_peer
     assert ("waiting_on_peers" in job.verdict.findings) == (nic_busy < 0.2)
 
 
+def test_a_lossy_roce_fabric_under_idle_nics_is_the_network_not_a_peer(gpu) -> None:
+    """The spread job again, its NIC a RoCE port nearly idle while it communicates; its transport retransmits
+    40 times a second (hw_counters read 10 s apart): the fabric, not a slower peer."""
+    _, sampler = gpu
+    snap = sampler.sweep()
+    uuid = snap.gpus[0].info.uuid
+
+    def read(at: float, moved: float, retries: int) -> Snapshot:
+        port = RdmaPort(
+            "mlx5_0", 1, "Ethernet", "ACTIVE", "LinkUp", 2.5e10, int(moved), int(moved), None, None,
+            hw_counters={"local_ack_timeout_err": retries, "out_of_sequence": 3 * retries},
+        )  # fmt: skip
+        return dataclasses.replace(snap, nics=(port,), nics_at=at, nic_affinity=((uuid, "mlx5_0", "PIX"),))
+
+    now = time.time()
+    s = store()
+    for rank, pid in ((0, 101), (1, 102)):
+        ingest_rank(s, "spread", pid=pid, rank=rank, world_size=8, phases_per_step={"communication": 0.225})
+    analysis = Analysis(s, lambda: read(now, 0.05 * 2.5e10 * 10, 100))
+    analysis.observe(read(now - 10, 0.0, 0))
+    (job,) = analysis.jobs(now)
+    assert job.signals.nic_retransmit_rate == pytest.approx(40.0)
+    assert "waiting_on_peers" not in job.verdict.findings and "nic_congestion" in job.verdict.findings
+    assert job.verdict.summary.startswith("communication-bound"), job.verdict.summary
+    assert "40 transport retransmissions a second" in job.verdict.summary
+
+
 def test_a_restart_carried_from_another_node_reaches_metrics_once_its_series_exist(gpu) -> None:
     """A rank that moved here books its dead gap at its first report; Prometheus's increase() cannot see a
     counter born at that value, so /metrics shows its restart series at 0 for two renders and their value

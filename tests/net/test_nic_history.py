@@ -145,3 +145,25 @@ def test_a_gpus_nearest_nic_that_vanishes_stays_its_nearest_and_reads_gone() -> 
     v = diagnose(s, Thresholds())
     assert "waiting_on_peers" not in v.findings and "nic_errors" in v.findings
     assert "mlx5_0 (gone)" in v.summary
+
+
+def test_roce_retransmits_and_congestion_notifications_as_rates() -> None:
+    def roce(t: int, retries: int, cnps: int) -> RdmaPort:
+        hw = {"local_ack_timeout_err": retries, "out_of_sequence": 2 * retries, "rp_cnp_handled": cnps}
+        return dataclasses.replace(port("mlx5_0", 0, 0), link_layer="Ethernet", hw_counters=hw)
+
+    h = NicHistory()
+    for t in range(0, 31, 5):
+        h.observe(snap(t, roce(t, 10 * t, 500 * t), port("mlx5_1", 0, 0)), 30.0)
+    use = h.use(["mlx5_0"], 30.0, 30.0)
+    assert use is not None
+    assert use.retransmit_rate == pytest.approx(30.0) and use.cnp_rate == pytest.approx(500.0)
+    # InfiniBand without hw_counters: unknown, not 0
+    ib = h.use(["mlx5_1"], 30.0, 30.0)
+    assert ib is not None and ib.retransmit_rate is None and ib.cnp_rate is None
+    # a driver reload resets the counters: no rate from a counter that went back
+    h2 = NicHistory()
+    h2.observe(snap(0, roce(0, 1000, 1000)), 30.0)
+    h2.observe(snap(5, roce(5, 3, 3)), 30.0)
+    after = h2.use(["mlx5_0"], 5.0, 30.0)
+    assert after is not None and after.retransmit_rate is None and after.cnp_rate is None

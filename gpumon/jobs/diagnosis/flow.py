@@ -19,6 +19,8 @@ from gpumon.jobs.diagnosis.wording import (
     PEER_ADVICE,
     WAIT_ADVICE,
     clocks_note,
+    fabric_note,
+    fabric_trouble,
     flops_note,
     link_use,
     network_busy,
@@ -71,6 +73,11 @@ def diagnose(s: Signals, t: Thresholds, settle: Callable[[str], str] | None = No
     if spans_nics(s):
         ev["nic"] = _check("nic_utilization_in_communication", nic_in_communication(s), t.nic_busy, ">=")
         ev["nic_errors"] = _check("nic_errors", s.nic_errors, 1, ">=", "count")
+        if s.nic_retransmit_rate is not None or s.nic_cnp_rate is not None:  # RoCE ports with hw_counters
+            ev["nic_retransmits"] = _check(
+                "nic_retransmit_rate", s.nic_retransmit_rate, t.nic_retransmit_rate, ">=", "count"
+            )
+            ev["nic_congestion"] = _check("nic_cnp_rate", s.nic_cnp_rate, t.nic_cnp_rate, ">=", "count")
     compute = (
         bool(ev["tensor_busy"].met or ev["sm_busy"].met)
         or (s.tensor_active is None and s.sm_active is None and bool(ev["util_busy"].met))
@@ -85,7 +92,7 @@ def diagnose(s: Signals, t: Thresholds, settle: Callable[[str], str] | None = No
         (
             "communication",
             bool(ev["communication"].met) or (bool(ev["link"].met) and bool(ev["sm_idle"].met)),
-            ("communication", "link", "sm_idle", "nic", "nic_errors"),
+            ("communication", "link", "sm_idle", "nic", "nic_errors", "nic_retransmits", "nic_congestion"),
         ),
         # clocks held down are the bottleneck only when the job paid for them: a brief excursion, or a
         # limit the job does not feel, is a finding (clocks_limited)
@@ -132,6 +139,9 @@ def diagnose(s: Signals, t: Thresholds, settle: Callable[[str], str] | None = No
     if spans_nics(s) and ((s.nic_errors or 0.0) >= 1 or s.nics_down):
         findings.append("nic_errors")
         notes.append(nic_note(s))
+    if spans_nics(s) and fabric_trouble(s, t):
+        findings.append("nic_congestion")
+        notes.append(fabric_note(s))
     if s.finished:
         findings.append("finished")
     evidence = tuple(dict.fromkeys(ev[k] for k in (*used, *ev) if k in ev))

@@ -36,6 +36,11 @@ class Thresholds:
     # divided by its communication share) that makes the network busy: a rank in collectives across nodes
     # with its NICs below this waits for a slower peer rather than for the network
     nic_busy: float = 0.50
+    # the transport's retries a second (RoCE timeouts, out-of-sequence and sequence errors) on those NICs
+    # over the window that make the network the limit: a lossy fabric, whatever the throughput
+    nic_retransmit_rate: float = 1.0
+    # congestion notifications they slowed down for, a second: the fabric is congested towards the peers
+    nic_cnp_rate: float = 100.0
     sm_idle: float = 0.50  # SM activity below this while links are saturated: waiting on the network
     throttled_share: float = 0.25  # share of samples with a thermal or hardware clock reason
     memory_pressure: float = 0.90  # HBM used, of total (seed 003: > 80 % may become, > 90 % is one)
@@ -52,6 +57,10 @@ class Thresholds:
     # the allocator's peak off the declared setup's memory estimate by more than this share of it (and by
     # more than 2 GiB): the setup declared is not the one running
     setup_gap: float = 0.35
+
+
+RATES = frozenset(("nic_retransmit_rate", "nic_cnp_rate"))  # events a second; the others are ratios 0-1
+MAX_RATE = 1e9
 
 
 def parse_thresholds(items: Sequence[str] | dict[str, Any]) -> Thresholds:
@@ -75,12 +84,14 @@ def parse_thresholds(items: Sequence[str] | dict[str, Any]) -> Thresholds:
     for name, value in pairs.items():
         if name not in known:
             raise ValueError(f"unknown threshold {name!r} (known: {', '.join(sorted(known))})")
+        hi = MAX_RATE if name in RATES else 1.0
+        what = f"expected a number between 0 and {hi:g}"
         try:
             x = float(value)
-        except (TypeError, ValueError):
-            raise ValueError(f"threshold {name}: expected a number between 0 and 1, got {value!r}") from None
-        if not 0 <= x <= 1:
-            raise ValueError(f"threshold {name}: expected a number between 0 and 1, got {value!r}")
+        except (TypeError, ValueError, OverflowError):
+            raise ValueError(f"threshold {name}: {what}, got {value!r}") from None
+        if not 0 <= x <= hi:
+            raise ValueError(f"threshold {name}: {what}, got {value!r}")
         values[name] = x
     return Thresholds(**values)
 
@@ -138,6 +149,8 @@ class Signals:
     nic_utilization: float | None = None
     nic_errors: float | None = None
     nics_down: tuple[str, ...] = ()
+    nic_retransmit_rate: float | None = None  # RoCE transport retries a second (hw_counters), all ports
+    nic_cnp_rate: float | None = None  # congestion notifications handled a second
     # NCCL's own measure of the rank's collectives over the window (its Inspector plugin, gpumon/nccl): bus
     # bandwidth in bytes per second, weighted by time, and the operation that took the most time
     nccl_bus_bandwidth: float | None = None

@@ -85,10 +85,18 @@ def network_busy(s: Signals, t: Thresholds) -> bool | None:
     collectives stay on NVLink and PCIe)."""
     if not spans_nics(s):
         return None
-    if s.nics_down or (s.nic_errors or 0.0) >= 1:
+    if s.nics_down or (s.nic_errors or 0.0) >= 1 or fabric_trouble(s, t):
         return True
     busy = nic_in_communication(s)
     return None if busy is None else busy >= t.nic_busy
+
+
+def fabric_trouble(s: Signals, t: Thresholds) -> bool:
+    """The NICs' transport retries lost packets, or slows down for congestion notifications, at a rate that
+    limits the job whatever their throughput: a lossy or congested RoCE fabric is the network's fault."""
+    return (s.nic_retransmit_rate or 0.0) >= t.nic_retransmit_rate or (
+        s.nic_cnp_rate or 0.0
+    ) >= t.nic_cnp_rate
 
 
 def waits_on_peers(s: Signals, t: Thresholds) -> bool:
@@ -264,7 +272,26 @@ def _network(s: Signals) -> str:
         parts.append(f"{s.nic_errors:.0f} NIC errors in the window")
     if s.nics_down:
         parts.append(f"ports not ACTIVE: {', '.join(s.nics_down)}")
+    parts += _fabric(s)
     return "".join(f", {p}" for p in parts)
+
+
+def _fabric(s: Signals) -> list[str]:
+    parts = []
+    if s.nic_retransmit_rate:
+        parts.append(f"{s.nic_retransmit_rate:.3g} transport retransmissions a second")
+    if s.nic_cnp_rate:
+        parts.append(f"{s.nic_cnp_rate:.3g} congestion notifications a second")
+    return parts
+
+
+def fabric_note(s: Signals) -> str:
+    """Retransmissions or congestion notifications on the NICs nearest the rank's GPUs."""
+    return (
+        f"NIC {', '.join(s.nics)}: {' and '.join(_fabric(s))}; the fabric drops or marks the job's packets "
+        "(RoCE): check PFC and ECN on the switches and the NICs (mlnx_qos), switch buffer drops, and other "
+        "traffic sharing the links (gpumon_nic_hw_events_total with --collect nic-detail names the counter)"
+    )
 
 
 def _nccl(s: Signals) -> str:
