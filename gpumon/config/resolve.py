@@ -145,8 +145,13 @@ def _validate_training(raw: Mapping[str, Any], s: Settings) -> None:
         parent = os.path.dirname(os.path.abspath(s.ingest_socket))
         if not os.path.isdir(parent):
             raise ConfigError(f"ingest-socket: directory {parent} does not exist")
-    if raw.get("nccl_inspector_dir"):
-        s.nccl_inspector_dir = os.path.expanduser(text_setting(raw, "nccl_inspector_dir"))
+    if raw.get("nccl_inspector_dir") is not None:
+        path = text_setting(raw, "nccl_inspector_dir").strip()
+        if path and not path.isprintable():
+            raise ConfigError(f"nccl-inspector-dir: expected a path of printable characters, got {path!r}")
+        # "" leaves it off, as an empty environment variable does; a relative path is the daemon's own
+        s.nccl_inspector_dir = os.path.abspath(os.path.expanduser(path)) if path else None
+    if s.nccl_inspector_dir is not None:
         if os.path.exists(s.nccl_inspector_dir) and not os.path.isdir(s.nccl_inspector_dir):
             raise ConfigError(f"nccl-inspector-dir: {s.nccl_inspector_dir} is not a directory")
         if not s.ingest:

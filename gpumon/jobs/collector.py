@@ -20,7 +20,6 @@ from gpumon.jobs.diagnosis import BOTTLENECKS
 from gpumon.jobs.goodput.ledger import CAUSES, LedgerView
 from gpumon.jobs.series.families import RowFamily
 from gpumon.jobs.series.jobsteps import JobSteps
-from gpumon.jobs.series.nccl import JobNccl
 from gpumon.jobs.store import RankView
 from gpumon.nccl.reader import InspectorReader
 from gpumon.ranges import runs
@@ -139,7 +138,6 @@ class TrainingCollector:
         self.first = ZeroFirst(born, counter_hold)
         self.steps = JobSteps(born)
         self.nccl = nccl
-        self.nccl_jobs = JobNccl()
         self._metrics = [
             m
             for m in M.TRAINING_FLOW
@@ -177,7 +175,7 @@ class TrainingCollector:
         retained = self.analysis.store.retained()
         self.steps.keep(retained)
         if self.nccl is not None:
-            self._add_nccl(f, jobs, now)
+            self._add_nccl(f, jobs)
         exported = set(live)
         for job_name, rank, ledger in self.analysis.store.gone_ledgers(now):
             if (job_name, rank) not in live:  # it went between the two reads: exported above already
@@ -201,33 +199,24 @@ class TrainingCollector:
             yield entries
             yield ok
         if self.nccl is not None:
-            outcomes, skipped, files = self.nccl.counts()
+            outcomes, skipped, (read, unread) = self.nccl.counts()
             records = _family(M.NCCL_RECORDS)
             for outcome, n in outcomes.items():
                 records.add_metric([outcome], n)
             gone, followed = _family(M.NCCL_SKIPPED), _family(M.NCCL_FILES)
             gone.add_metric([], skipped)
-            followed.add_metric([], files)
+            followed.add_metric(["read"], read)
+            followed.add_metric(["unread"], unread)
             yield from (records, gone, followed)
 
-    def _add_nccl(self, f: dict[str, Any], jobs: list[JobResult], now: float) -> None:
-        """Each job's NCCL counters, from its ranks' processes' records (joined by hostname and pid)."""
+    def _add_nccl(self, f: dict[str, Any], jobs: list[JobResult]) -> None:
+        """Each job's NCCL counters, as the reader adds its processes' records (joined by host and pid)."""
         assert self.nccl is not None
-        ledger = self.nccl.ledger
-        listed = set()
         for job in jobs:
-            processes = {
-                (h, r.view.report.pid) for r in job.ranks if (h := r.view.report.hostname) is not None
-            }
-            for process in sorted(processes):
-                self.nccl_jobs.add(job.job, process, ledger.totals(*process))
-                listed.add((job.job, process))
-            for op, (n, seconds, bus) in self.nccl_jobs.get(job.job).items():
+            for op, (n, seconds, bus) in self.nccl.jobs.get(job.job).items():
                 f[M.NCCL_OPERATIONS.name].add_metric([job.job, op], n)
                 f[M.NCCL_SECONDS.name].add_metric([job.job, op], seconds)
                 f[M.NCCL_BUS_BYTES.name].add_metric([job.job, op], bus)
-        self.nccl_jobs.keep(listed)
-        ledger.forget(now, [p for _, p in listed])
 
 
 def _add_job(out: _Render, j: JobResult) -> None:

@@ -18,7 +18,7 @@ from gpumon.jobs.api import IngestPolicy
 from gpumon.jobs.collector import IngestStats, TrainingCollector, note_baseline_step
 from gpumon.jobs.diagnosis import Thresholds
 from gpumon.jobs.store import JobStore
-from gpumon.nccl.reader import InspectorReader
+from gpumon.nccl.reader import Claim, InspectorReader
 
 
 @dataclass(frozen=True)
@@ -67,7 +67,11 @@ def from_settings(settings: Settings, source: Callable[[], Snapshot | None]) -> 
         ttl=settings.rank_ttl,
         window=settings.rate_window,
     )
-    nccl = InspectorReader(settings.nccl_inspector_dir) if settings.nccl_inspector_dir else None
+    nccl = None
+    if settings.nccl_inspector_dir:
+        nccl = InspectorReader(
+            settings.nccl_inspector_dir, claims=lambda: [Claim(*p) for p in store.processes()]
+        )
     analysis = Analysis(
         store,
         source,

@@ -430,6 +430,16 @@ class JobStore:
         with self._lock:
             return set(self._ranks) | set(self._gone)
 
+    def processes(self) -> list[tuple[str, str, int, float | None]]:
+        """(job, hostname, pid, process start) of each rank listed whose SDK names its host: what NCCL's
+        Inspector dumps join on (gpumon/nccl)."""
+        with self._lock:
+            return [
+                (r.report.job, r.report.hostname, r.report.pid, r.report.process_started)
+                for r in self._ranks.values()
+                if r.report.hostname is not None
+            ]
+
     def views(self, now: float) -> list[RankView]:
         with self._lock:
             self._expire(now)

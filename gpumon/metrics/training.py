@@ -372,7 +372,7 @@ NCCL_OPERATIONS = metric(
     "counter",
     "Collectives and point-to-point operations of the job's ranks on this node that NCCL's Inspector "
     "recorded with a bus bandwidth and gpumon read, by NCCL's name for the operation (AllReduce, "
-    "AllGather, ReduceScatter, Send, ...; past 12 names per process, other). A sample where the plugin "
+    "AllGather, ReduceScatter, Send, ...; past 12 names per process, _other). A sample where the plugin "
     "drops operations (NCCL 2.28 and older write one per dump) or gpumon skips a backlog: rate the "
     "bandwidth, not the count. Only with --nccl-inspector-dir and an SDK that reports its hostname.",
     (*JOB, "operation"),
@@ -399,17 +399,17 @@ NCCL_BUS_BYTES = metric(
 NCCL_RECORDS = metric(
     "gpumon_training_nccl_records_total",
     "counter",
-    "Inspector records read, by outcome: counted, duplicate (a sequence number seen already), unmeasured "
-    "(no bus bandwidth), invalid (not an output format v4 record), foreign (a process other than its "
-    "file's name).",
+    "Inspector records read, by outcome: counted, duplicate (a sequence number read already), unmeasured "
+    "(no bus bandwidth), stats (the plugin's own dump_stats), invalid (not an output format v4 record), "
+    "foreign (a process other than its file's name).",
     ("outcome",),
     source="--nccl-inspector-dir",
 )
 NCCL_SKIPPED = metric(
     "gpumon_training_nccl_skipped_bytes_total",
     "counter",
-    "Bytes of the dumps left unread: a file that gained more than 8 MiB between two reads (or past the "
-    "8 MiB a read parses), and lines over 64 KiB.",
+    "Bytes of the dumps left unread: a file that gained more than 8 MiB between two reads, what a read "
+    "met past the 4 MiB it parses (each line counts 256 bytes at least), and lines over 64 KiB.",
     (),
     "bytes",
     "--nccl-inspector-dir",
@@ -417,8 +417,9 @@ NCCL_SKIPPED = metric(
 NCCL_FILES = metric(
     "gpumon_training_nccl_files",
     "gauge",
-    "Inspector dump files (<hostname>-pid<pid>.log) followed in --nccl-inspector-dir.",
-    (),
+    "Inspector dump files (<hostname>-pid<pid>.log) of the processes ranks report to this daemon: read "
+    "(the 1,024 most recently written), and unread (beyond them, or beyond 65,536 dump files listed).",
+    ("state",),
     source="--nccl-inspector-dir",
 )
 

@@ -1,16 +1,18 @@
 """The records read, per training process (hostname, pid): cumulative totals per operation for the job's
 counters, and recent points for the diagnosis window.
 
-A record is counted once: the plugin drains each communicator's ring of completed operations at every dump,
+A record is counted once. The plugin drains each communicator's ring of completed operations at every dump,
 but a file read from its start again (truncated, replaced) or a plugin that writes the latest operation at
-each dump (NCCL 2.28 and older) repeats sequence numbers; the highest one of each communicator's rank is
-kept (a process driving several GPUs holds one rank of the communicator for each). Sequence
-numbers that skip (a ring that overflowed between dumps, the older plugin's one-per-dump) are not made up:
-the totals are of the operations read, a sample whose bus bandwidth (bus bytes over seconds) is NCCL's own.
+each dump (NCCL 2.28 and older) repeats sequence numbers; and operations complete out of their numbering
+(a communicator's sends and receives share one counter, numbered when they start). So each communicator's
+rank and kind keeps its highest sequence number and which of the SEEN numbers below it were read: one read
+again, or older than that, counts nothing. Sequence numbers that skip (a ring that overflowed between dumps,
+the older plugin's one per dump) are not made up: the totals are of the operations read, a sample whose bus
+bandwidth (bus bytes over seconds) is NCCL's own.
 
 Bounded: MAX_PROCESSES processes (the least recently written go first), MAX_COMMUNICATORS per process,
-MAX_OPERATIONS names per process (later names count under "other"), MAX_POINTS recent points per process
-(one per operation and read: over 25 minutes of reads every 5 s).
+MAX_OPERATIONS names per process (later names count under "_other"), MAX_POINTS points per process, one per
+operation and read, none older than KEEP_POINTS.
 """
 
 from __future__ import annotations
@@ -24,11 +26,16 @@ from typing import NamedTuple
 from gpumon.nccl.records import Record
 
 MAX_PROCESSES = 1024
-MAX_COMMUNICATORS = 256
+MAX_COMMUNICATORS = 64
 MAX_OPERATIONS = 12
-MAX_POINTS = 4096
-OTHER = "other"
+MAX_POINTS = 1024
+KEEP_POINTS = 3660.0  # seconds: the longest --rate-window, and a finished rank's last minute
+SEEN = 256  # sequence numbers below the highest remembered per communicator rank (out-of-order completions)
+OTHER = "_other"  # NCCL's names start with a letter: this one cannot be an operation's
 FORGET_AFTER = 3600.0  # seconds without a record
+START_SLACK = 5.0  # seconds between a process's start and the clock of the reads
+
+Process = tuple[str, int]
 
 
 class Totals(NamedTuple):
@@ -59,8 +66,10 @@ class _Point(NamedTuple):
 
 @dataclass
 class _Process:
+    born: float  # when its first record was read
     last: float
-    sns: dict[tuple[str, int, str], int] = field(default_factory=dict)  # (communicator, rank, kind) → sn
+    # (communicator, rank, kind) → (highest sequence number, bit i: that number less i was read)
+    sns: dict[tuple[str, int, str], tuple[int, int]] = field(default_factory=dict)
     totals: dict[str, list[float]] = field(default_factory=dict)  # operation → [operations, seconds, bytes]
     points: deque[_Point] = field(default_factory=lambda: deque(maxlen=MAX_POINTS))
 
@@ -71,27 +80,11 @@ class Outcome:
     UNMEASURED = "unmeasured"  # no bus bandwidth ("nan")
 
 
-def _note(points: deque[_Point], new: _Point) -> None:
-    """Add to the point of the same operation and time (a pass reads many records at one time), else append:
-    MAX_POINTS then spans MAX_POINTS / (MAX_OPERATIONS + 1) passes however many records each brings."""
-    for i in range(1, min(len(points), MAX_OPERATIONS + 1) + 1):
-        q = points[-i]
-        if q.t != new.t:
-            break
-        if q.operation == new.operation:
-            points[-i] = q._replace(
-                seconds=q.seconds + new.seconds,
-                bus_bytes=q.bus_bytes + new.bus_bytes,
-                operations=q.operations + 1,
-            )
-            return
-    points.append(new)
-
-
 class NcclLedger:
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._procs: dict[tuple[str, int], _Process] = {}
+        self._procs: dict[Process, _Process] = {}
+        self.ambiguous: frozenset[Process] = frozenset()  # claimed by ranks of two jobs: joined to neither
 
     def add(self, record: Record, now: float) -> str:
         """Count one record, read at ``now``; returns its Outcome."""
@@ -99,18 +92,13 @@ class NcclLedger:
         with self._lock:
             p = self._procs.pop(key, None)  # re-inserted last: the dict's order is recency
             if p is None:
-                p = _Process(now)
+                p = _Process(now, now)
                 if len(self._procs) >= MAX_PROCESSES:
                     del self._procs[next(iter(self._procs))]
             self._procs[key] = p
             p.last = now
-            comm = (record.communicator, record.rank, record.kind)
-            before = p.sns.get(comm)
-            if before is not None and record.sn <= before:
+            if not _first_time(p, (record.communicator, record.rank, record.kind), record.sn):
                 return Outcome.DUPLICATE
-            if before is None and len(p.sns) >= MAX_COMMUNICATORS:
-                p.sns.pop(next(iter(p.sns)))
-            p.sns[comm] = record.sn
             if record.bus_bytes_per_second is None:
                 return Outcome.UNMEASURED
             name = record.operation
@@ -122,7 +110,19 @@ class NcclLedger:
             t[1] += record.seconds
             t[2] += bus
             _note(p.points, _Point(now, name, record.seconds, bus, 1))
+            while p.points and p.points[0].t < now - KEEP_POINTS:
+                p.points.popleft()
             return Outcome.COUNTED
+
+    def claim(self, process: Process, started: float | None) -> None:
+        """A rank reports ``process``, started at ``started`` (unix seconds; None: unknown): what was read of
+        its name before it started is a previous process's (a pid and pod name used again), and goes."""
+        if started is None:
+            return
+        with self._lock:
+            p = self._procs.get(process)
+            if p is not None and p.born < started - START_SLACK:
+                del self._procs[process]
 
     def totals(self, hostname: str, pid: int) -> dict[str, Totals]:
         """The process's totals per operation since this daemon first read it."""
@@ -131,9 +131,10 @@ class NcclLedger:
             return {} if p is None else {op: Totals(int(t[0]), t[1], t[2]) for op, t in p.totals.items()}
 
     def use(self, hostname: str, pid: int, now: float, window: float) -> NcclUse | None:
-        """The process's records read within [now - window, now]; None where there are none."""
+        """The process's records read within [now - window, now]; None where there are none, or where ranks
+        of two jobs claim the process."""
         with self._lock:
-            p = self._procs.get((hostname, pid))
+            p = None if (hostname, pid) in self.ambiguous else self._procs.get((hostname, pid))
             points = []
             for x in reversed(p.points) if p is not None else ():  # in time order: newest first, stop early
                 if x.t < now - window:
@@ -153,13 +154,50 @@ class NcclLedger:
             busiest=max(by_op, key=lambda k: by_op[k]),
         )
 
-    def forget(self, now: float, keep: Iterable[tuple[str, int]] = ()) -> None:
+    def forget(self, now: float, keep: Iterable[Process] = ()) -> None:
         """Drop the processes without a record for FORGET_AFTER, but those in ``keep`` (ranks report them)."""
         kept = set(keep)
         with self._lock:
             for key in [k for k, p in self._procs.items() if now - p.last > FORGET_AFTER and k not in kept]:
                 del self._procs[key]
 
-    def processes(self) -> list[tuple[str, int]]:
+    def processes(self) -> list[Process]:
         with self._lock:
             return list(self._procs)
+
+
+def _first_time(p: _Process, comm: tuple[str, int, str], sn: int) -> bool:
+    """Whether ``sn`` of this communicator rank was not read before (and note it)."""
+    before = p.sns.get(comm)
+    if before is None:
+        if len(p.sns) >= MAX_COMMUNICATORS:
+            p.sns.pop(next(iter(p.sns)))
+        p.sns[comm] = (sn, 1)
+        return True
+    high, seen = before
+    if sn > high:
+        shift = sn - high
+        p.sns[comm] = (sn, ((seen << shift) | 1) & ((1 << SEEN) - 1) if shift < SEEN else 1)
+        return True
+    back = high - sn
+    if back >= SEEN or seen >> back & 1:
+        return False
+    p.sns[comm] = (high, seen | 1 << back)
+    return True
+
+
+def _note(points: deque[_Point], new: _Point) -> None:
+    """Add to the point of the same operation and time (a pass reads many records at one time), else append:
+    MAX_POINTS then spans MAX_POINTS / (MAX_OPERATIONS + 1) passes however many records each brings."""
+    for i in range(1, min(len(points), MAX_OPERATIONS + 1) + 1):
+        q = points[-i]
+        if q.t != new.t:
+            break
+        if q.operation == new.operation:
+            points[-i] = q._replace(
+                seconds=q.seconds + new.seconds,
+                bus_bytes=q.bus_bytes + new.bus_bytes,
+                operations=q.operations + 1,
+            )
+            return
+    points.append(new)

@@ -1,7 +1,12 @@
-"""Reads the Inspector's dump directory every few seconds on a thread of its own, into a NcclLedger.
+"""Reads the Inspector's dump directory every few seconds on a thread of its own, into a NcclLedger, and adds
+each pass's growth to the jobs whose ranks report the processes (jobtotals.py).
 
-What the reading met is counted for the exposition (gpumon_training_nccl_records_total by outcome, bytes
-skipped, files followed); a directory that cannot be listed is logged once until it can be again.
+Only the files of processes that ranks report to this daemon are read (``claims``: their job, hostname, pid
+and start): a directory shared by a fleet, or floods from processes nobody reports, cost a listing. A process
+claimed by ranks of two jobs (a rank reporting another's hostname and pid, pods on the host's network with
+one pid) is joined to neither. What the reading met is counted for the exposition
+(gpumon_training_nccl_records_total by outcome, bytes skipped, files); a directory that cannot be listed is
+logged once until it can be again.
 """
 
 from __future__ import annotations
@@ -9,8 +14,10 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from typing import NamedTuple
 
+from gpumon.nccl.jobtotals import JobNccl
 from gpumon.nccl.ledger import NcclLedger, Outcome
 from gpumon.nccl.records import BadRecord, parse
 from gpumon.nccl.tail import DumpDir
@@ -18,10 +25,20 @@ from gpumon.nccl.tail import DumpDir
 log = logging.getLogger("gpumon.nccl")
 
 READ_EVERY = 5.0
-BUDGET = 8 << 20  # bytes parsed per pass: about 4,000 records a second; more are skipped (a sample)
+BUDGET = 4 << 20  # bytes parsed per pass: about 1,800 records a second; more are skipped (a sample)
 INVALID = "invalid"  # not a v4 record
 FOREIGN = "foreign"  # a record of another process than its file names
-OUTCOMES = (Outcome.COUNTED, Outcome.DUPLICATE, Outcome.UNMEASURED, INVALID, FOREIGN)
+STATS = "stats"  # a v4 record of the plugin's own counts (dump_stats), no operation
+OUTCOMES = (Outcome.COUNTED, Outcome.DUPLICATE, Outcome.UNMEASURED, STATS, INVALID, FOREIGN)
+
+
+class Claim(NamedTuple):
+    """A rank reporting to this daemon, as the dumps know its process."""
+
+    job: str
+    hostname: str
+    pid: int
+    started: float | None  # the process's start (unix seconds), where its SDK said
 
 
 class InspectorReader:
@@ -30,20 +47,25 @@ class InspectorReader:
         path: str,
         ledger: NcclLedger | None = None,
         *,
+        claims: Callable[[], Iterable[Claim]] | None = None,
         every: float | None = READ_EVERY,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        """``every``: seconds between passes on this reader's thread; None: passes only by read_once()."""
+        """``claims``: the ranks reporting now (None: read every file, join none); ``every``: seconds between
+        passes on this reader's thread; None: passes only by read_once()."""
         self.path = path
         self.ledger = ledger or NcclLedger()
+        self.claims = claims
+        self.jobs = JobNccl()
         self.every = every
         self.clock = clock
         self.dump = DumpDir(path)
         self._lock = threading.Lock()
         self.outcomes = dict.fromkeys(OUTCOMES, 0)
         self.skipped_bytes = 0
-        self.files = 0
+        self.files = (0, 0)  # read, left unread
         self._failing: str | None = None
+        self._warned: set[tuple[str, int]] = set()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -55,8 +77,8 @@ class InspectorReader:
     def stop(self) -> None:
         self._stop.set()
 
-    def counts(self) -> tuple[dict[str, int], int, int]:
-        """(records by outcome, bytes skipped, files followed): what the exposition shows."""
+    def counts(self) -> tuple[dict[str, int], int, tuple[int, int]]:
+        """(records by outcome, bytes skipped, (files read, files left unread)): what the exposition shows."""
         with self._lock:
             return dict(self.outcomes), self.skipped_bytes, self.files
 
@@ -69,7 +91,32 @@ class InspectorReader:
             self._stop.wait(self.every or READ_EVERY)
 
     def read_once(self) -> None:
-        found = self.dump.read(BUDGET)
+        claims = None if self.claims is None else list(self.claims())
+        owners: dict[tuple[str, int], set[str]] = {}
+        started: dict[tuple[str, int], float | None] = {}
+        for c in claims or ():
+            owners.setdefault((c.hostname, c.pid), set()).add(c.job)
+            started[(c.hostname, c.pid)] = c.started
+        ambiguous = frozenset(p for p, jobs in owners.items() if len(jobs) > 1)
+        for process in ambiguous - self._warned:
+            log.warning(
+                "NCCL Inspector dump of %s pid %d: ranks of jobs %s all report this process; its records "
+                "join none of them",
+                *process,
+                ", ".join(sorted(owners[process])),
+            )
+        self._warned = set(ambiguous)
+        self.ledger.ambiguous = ambiguous
+        for process, at in started.items():
+            self.ledger.claim(process, at)
+        first = self.dump.first
+        found = self.dump.read(None if claims is None else set(owners), BUDGET)
+        if first and found.error is None:
+            log.info(
+                "NCCL Inspector dumps in %s: %d files there now are read from their end, newer ones whole",
+                self.path,
+                found.listed,
+            )
         if found.error is not None:
             if self._failing != found.error:
                 log.warning("cannot read NCCL Inspector dumps: %s", found.error)
@@ -85,12 +132,22 @@ class InspectorReader:
             except BadRecord:
                 counted[INVALID] += 1
                 continue
-            if (record.hostname, record.pid) != (host, pid):
+            if record is None:
+                counted[STATS] += 1
+            elif (record.hostname, record.pid) != (host, pid):
                 counted[FOREIGN] += 1
-                continue
-            counted[self.ledger.add(record, now)] += 1
+            else:
+                counted[self.ledger.add(record, now)] += 1
+        if claims is not None:
+            # each job adds its processes' growth now, not at a scrape: a rank that restarts or finishes
+            # between two scrapes keeps what its last dump brought
+            joined = [(next(iter(jobs)), p) for p, jobs in owners.items() if p not in ambiguous]
+            for job, process in joined:
+                self.jobs.add(job, process, self.ledger.totals(*process))
+            self.jobs.keep(joined)
+            self.ledger.forget(now, owners)
         with self._lock:
             for outcome, n in counted.items():
                 self.outcomes[outcome] += n
             self.skipped_bytes += found.skipped_bytes
-            self.files = found.files
+            self.files = (found.files, found.unread)

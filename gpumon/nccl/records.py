@@ -10,9 +10,10 @@ compact JSON object per line and per completed operation of a communicator:
                    "coll_algobw_gbs", "coll_busbw_gbs", ...}}
 
 with ``p2p_perf`` ({"p2p", "p2p_sn", "p2p_peer", "p2p_msg_size_bytes", "p2p_exec_time_us", ...}) in place of
-``coll_perf`` for sends and receives. Bandwidths are in GB/s (1e9 bytes); a bandwidth the plugin could not
-compute is the string "nan". The dump directory is writable by every training process on the node, so each
-field is checked for type and range, and a line is at most MAX_LINE bytes.
+``coll_perf`` for sends and receives, and (format v4.2) a ``dump_stats`` record per communicator and dump
+with the plugin's own counts, which is no operation. Bandwidths are in GB/s (1e9 bytes); a bandwidth the
+plugin could not compute is the string "nan". The dump directory is writable by every training process on
+the node, so each field is checked for type and range, and a line is at most MAX_LINE bytes.
 """
 
 from __future__ import annotations
@@ -50,7 +51,8 @@ class Record:
     bus_bytes_per_second: float | None  # NCCL's bus bandwidth; None where it wrote "nan"
 
 
-def parse(line: bytes) -> Record:
+def parse(line: bytes) -> Record | None:
+    """The operation a line records; None for a v4 record of another kind (dump_stats)."""
     if len(line) > MAX_LINE:
         raise BadRecord(f"line longer than {MAX_LINE} bytes")
     try:
@@ -67,8 +69,10 @@ def parse(line: bytes) -> Record:
         kind, perf = "coll", _object(data, "coll_perf")
     elif "p2p_perf" in data:
         kind, perf = "p2p", _object(data, "p2p_perf")
+    elif isinstance(data.get("dump_stats"), dict):
+        return None
     else:
-        raise BadRecord("neither coll_perf nor p2p_perf")
+        raise BadRecord("neither coll_perf, p2p_perf nor dump_stats")
     return Record(
         hostname=_text(meta, "hostname", _HOST, "metadata."),
         pid=_int(meta, "pid", 1, 1 << 31, "metadata."),

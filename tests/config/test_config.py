@@ -302,3 +302,13 @@ def test_the_nccl_inspector_directory(tmp_path: Path) -> None:
         resolve({}, env={"GPUMON_NCCL_INSPECTOR_DIR": str(tmp_path / "file")})
     with pytest.raises(ConfigError, match="drop --no-ingest"):
         resolve(flags(ingest=False, nccl_inspector_dir=str(tmp_path)), env={})
+    assert resolve({}, env={"GPUMON_NCCL_INSPECTOR_DIR": ""}).nccl_inspector_dir is None
+    relative = resolve(flags(nccl_inspector_dir="dumps"), env={}).nccl_inspector_dir
+    assert relative == os.path.abspath("dumps")  # where the daemon was started, said once
+    cfg = tmp_path / "gpumon.toml"
+    for bad in ("0", "false", "[]"):  # a TOML value that is no path is an error, not silence
+        cfg.write_text(f"nccl_inspector_dir = {bad}\n")
+        with pytest.raises(ConfigError, match="nccl_inspector_dir: expected a string"):
+            resolve({}, env={"GPUMON_CONFIG": str(cfg)})
+    with pytest.raises(ConfigError, match="printable"):
+        resolve({}, env={"GPUMON_NCCL_INSPECTOR_DIR": "/tmp/a\nb"})

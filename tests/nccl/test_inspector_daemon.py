@@ -38,9 +38,8 @@ def post(d: Daemon, body: dict[str, object]) -> httpx.Response:
 
 def started(daemon: Callable[..., Daemon], tmp_path: Path) -> Daemon:
     """A daemon whose reader has made its first pass (files before it are read from their end)."""
-    (tmp_path / "warm-pid1.log").write_bytes(b"")
     d = daemon("--simulate", "2xH100-SXM", "--nccl-inspector-dir", str(tmp_path))
-    poll(lambda: "gpumon_training_nccl_files 1.0" in d.get("/metrics").text, 15, "the first pass")
+    poll(lambda: any("read from their end" in line for line in d.log), 15, "the first pass")
     return d
 
 
@@ -58,7 +57,7 @@ def test_records_join_the_rank_that_reports_their_hostname_and_pid(
     append(
         tmp_path, HOST, pid, [record(HOST, pid, 1, op="AllGather", comm="0xaa", seconds=0.1, busbw_gbs=80.0)]
     )
-    # another process on the node (a job that does not report): read, never joined to this job
+    # another process on the node (a job that does not report): not even read
     append(tmp_path, "other-host", 99, [record("other-host", 99, 1)])
     job = (("job_name", "llm"), ("operation", "AllReduce"))
 
@@ -71,7 +70,7 @@ def test_records_join_the_rank_that_reports_their_hostname_and_pid(
     assert samples(text, "gpumon_training_nccl_bus_bytes_total")[job] == pytest.approx(3.0 * 40e9)
     gather = (("job_name", "llm"), ("operation", "AllGather"))
     assert samples(text, "gpumon_training_nccl_bus_bytes_total")[gather] == pytest.approx(0.1 * 80e9)
-    assert samples(text, "gpumon_training_nccl_records_total")[(("outcome", "counted"),)] == 12
+    assert samples(text, "gpumon_training_nccl_records_total")[(("outcome", "counted"),)] == 11
     assert len(samples(text, "gpumon_training_nccl_operations_total")) == 2  # only the job's
     # the verdict shows NCCL's own figure beside the NICs' (the simulated NICs idle: waiting on peers)
     doc = d.get("/v1/jobs/llm").json()
@@ -86,21 +85,26 @@ def test_records_join_the_rank_that_reports_their_hostname_and_pid(
     assert check.returncode == 0, check.stdout + check.stderr
 
 
-def test_a_rank_without_a_hostname_or_a_daemon_without_the_flag_has_no_nccl_series(
+def test_only_ranks_that_report_their_hostname_join_and_only_their_files_are_read(
     daemon: Callable[..., Daemon], tmp_path: Path
 ) -> None:
     d = started(daemon, tmp_path)
     pid = os.getpid()
-    assert post(d, now_report(50, pid=pid)).status_code == 204  # an SDK older than the hostname field
-    append(tmp_path, HOST, pid, [record(HOST, pid, 1)])
+    old = now_report(50, pid=pid, job="old-sdk")  # an SDK older than the hostname field
+    assert post(d, old).status_code == 204
+    assert post(d, now_report(50, pid=pid, job="new-sdk", hostname="trainer-1")).status_code == 204
+    append(tmp_path, HOST, pid, [record(HOST, pid, 1)])  # nobody reports trainer-0: never read
+    append(tmp_path, "trainer-1", pid, [record("trainer-1", pid, n) for n in (1, 2, 3)])
+    new = (("job_name", "new-sdk"), ("operation", "AllReduce"))
     poll(
-        lambda: samples(d.get("/metrics").text, "gpumon_training_nccl_records_total").get(
-            (("outcome", "counted"),)
-        ),
+        lambda: samples(d.get("/metrics").text, "gpumon_training_nccl_operations_total").get(new) == 3,
         15,
-        "the record read",
+        "joined",
     )
-    assert not samples(d.get("/metrics").text, "gpumon_training_nccl_operations_total")
+    text = d.get("/metrics").text
+    assert samples(text, "gpumon_training_nccl_records_total")[(("outcome", "counted"),)] == 3
+    assert samples(text, "gpumon_training_nccl_files") == {(("state", "read"),): 1, (("state", "unread"),): 0}
+    assert {k[0][1] for k in samples(text, "gpumon_training_nccl_operations_total")} == {"new-sdk"}
     plain = daemon("--simulate", "1xH100-SXM")
     assert "gpumon_training_nccl" not in plain.get("/metrics").text
 
@@ -109,6 +113,9 @@ def test_a_hostile_dump_directory_costs_the_records_not_the_daemon(
     daemon: Callable[..., Daemon], tmp_path: Path
 ) -> None:
     d = started(daemon, tmp_path)
+    for rank, host in enumerate(("fifo", "link", "deep", "nonl")):  # ranks whose files are hostile
+        rep = now_report(5, job="hostile", rank=rank, world_size=4, hostname=host, pid=5 + rank)
+        assert post(d, rep).status_code == 204
     os.mkfifo(tmp_path / "fifo-pid5.log")
     os.symlink("/etc/passwd", tmp_path / "link-pid6.log")
     (tmp_path / "deep-pid7.log").write_bytes(
@@ -128,3 +135,4 @@ def test_a_hostile_dump_directory_costs_the_records_not_the_daemon(
     text = d.get("/metrics").text
     assert samples(text, "gpumon_training_nccl_skipped_bytes_total")[()] >= 3 << 20
     assert d.proc.poll() is None and d.get("/metrics").status_code == 200
+    assert not [line for line in d.log if "Traceback" in line]

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 from support.inspector import append, line, record
 
-from gpumon.jobs.series.nccl import JobNccl
 from gpumon.nccl import ledger as L
+from gpumon.nccl.jobtotals import JobNccl
 from gpumon.nccl.ledger import NcclLedger, Totals
-from gpumon.nccl.reader import InspectorReader
+from gpumon.nccl.reader import Claim, InspectorReader
 from gpumon.nccl.records import parse
 
 
@@ -23,15 +23,47 @@ def test_each_operation_counts_once_per_communicator() -> None:
     led = NcclLedger()
     assert add(led, 10, "h", 1, 5, seconds=0.5, busbw_gbs=40) == "counted"
     assert add(led, 11, "h", 1, 5, seconds=0.5, busbw_gbs=40) == "duplicate"  # the same record again
-    assert add(led, 11, "h", 1, 4) == "duplicate"  # an earlier one, read late
     assert add(led, 12, "h", 1, 5, comm="0xother", seconds=0.25, busbw_gbs=80) == "counted"  # another comm
     assert add(led, 12, "h", 1, 9, op="Send", p2p=True, seconds=0.1, busbw_gbs=10) == "counted"
     assert add(led, 13, "h", 1, 10, busbw_gbs="nan") == "unmeasured"
     assert add(led, 13, "h", 1, 10, busbw_gbs=40) == "duplicate"  # its sequence number was read
+    assert add(led, 13, "h", 1, 4) == "counted"  # an earlier one that completed later
     got = led.totals("h", 1)
-    assert got["AllReduce"] == Totals(2, 0.75, pytest.approx(0.5 * 40e9 + 0.25 * 80e9))
+    assert got["AllReduce"] == Totals(
+        3, pytest.approx(0.79), pytest.approx(0.5 * 40e9 + 0.25 * 80e9 + 0.04 * 40e9)
+    )
     assert got["Send"].operations == 1
     assert led.totals("h", 2) == {}
+
+
+def test_operations_completing_out_of_their_numbering_all_count() -> None:
+    """A communicator's sends and receives share one counter, numbered when they start, and are written as
+    they complete: a Recv numbered 2 can land before its Send numbered 1 (found by review)."""
+    led = NcclLedger()
+    for k in range(50):
+        assert add(led, 1, "h", 1, 2 * k + 2, op="Recv", p2p=True) == "counted"
+        assert add(led, 1, "h", 1, 2 * k + 1, op="Send", p2p=True) == "counted"
+    got = led.totals("h", 1)
+    assert (got["Send"].operations, got["Recv"].operations) == (50, 50)
+    assert add(led, 2, "h", 1, 37, op="Send", p2p=True) == "duplicate"  # read again
+    assert add(led, 2, "h", 1, 400, op="Send", p2p=True) == "counted"
+    assert add(led, 2, "h", 1, 400 - L.SEEN, op="Send", p2p=True) == "duplicate"  # older than remembered
+    assert add(led, 2, "h", 1, 1 << 62, op="Send", p2p=True) == "counted"  # a jump: no huge shift
+    assert add(led, 2, "h", 1, 1000, op="Send", p2p=True) == "duplicate"
+
+
+def test_a_process_that_reuses_a_gone_ones_name_starts_afresh() -> None:
+    """A pod resubmitted with its name and entrypoint pid: what was read under that name before the new
+    process started is the old one's (found by review)."""
+    led = NcclLedger()
+    add(led, 100, "trainer-0", 1, 1)
+    led.claim(("trainer-0", 1), started=50.0)  # the process that wrote it
+    assert led.totals("trainer-0", 1)["AllReduce"].operations == 1
+    led.claim(("trainer-0", 1), started=500.0)  # a new one
+    assert led.totals("trainer-0", 1) == {}
+    add(led, 600, "trainer-0", 1, 1)
+    led.claim(("trainer-0", 1), started=None)  # unknown start: nothing to tell apart
+    assert led.totals("trainer-0", 1)["AllReduce"].operations == 1
 
 
 def test_the_window_weights_bandwidth_by_time() -> None:
@@ -95,12 +127,33 @@ def test_the_reader_counts_every_outcome(tmp_path: Path) -> None:
     reader = InspectorReader(str(tmp_path), every=None, clock=lambda: 1000.0)
     reader.read_once()
     path = append(tmp_path, "node-1", 7, [record("node-1", 7, 1), record("node-1", 7, 1)])
+    stats = {k: v for k, v in record("node-1", 7, 0).items() if k != "coll_perf"}
+    stats["dump_stats"] = {"coll_dropped": 0}  # the plugin's own counts (format v4.2): not an operation
     with path.open("ab") as f:
         f.write(line(record("node-2", 7, 2)))  # another process's record in this file: foreign
         f.write(b"not json\n")
         f.write(line(record("node-1", 7, 3, busbw_gbs="nan")))
+        f.write(line(stats))
     reader.read_once()
     outcomes, skipped, files = reader.counts()
-    assert outcomes == {"counted": 1, "duplicate": 1, "unmeasured": 1, "invalid": 1, "foreign": 1}
-    assert (skipped, files) == (0, 1)
+    assert outcomes == {"counted": 1, "duplicate": 1, "unmeasured": 1, "stats": 1, "invalid": 1, "foreign": 1}
+    assert (skipped, files) == (0, (1, 0))
     assert reader.ledger.totals("node-2", 7) == {}
+
+
+def test_a_process_two_jobs_claim_joins_neither(tmp_path: Path) -> None:
+    """A rank of job B reporting job A's hostname and pid (or two pods on the host's network with one pid)
+    must not take A's records, nor A keep records B's process may have written (found by review)."""
+    claims = [Claim("a", "trainer-0", 7, None)]
+    reader = InspectorReader(str(tmp_path), every=None, claims=lambda: claims, clock=lambda: 1000.0)
+    reader.read_once()
+    append(tmp_path, "trainer-0", 7, [record("trainer-0", 7, n) for n in range(1, 11)])
+    append(tmp_path, "elsewhere", 9, [record("elsewhere", 9, 1)])  # nobody reports it: not even read
+    reader.read_once()
+    assert reader.jobs.get("a")["AllReduce"][0] == 10
+    assert reader.ledger.processes() == [("trainer-0", 7)]
+    claims.append(Claim("b", "trainer-0", 7, None))
+    append(tmp_path, "trainer-0", 7, [record("trainer-0", 7, 11)])
+    reader.read_once()
+    assert reader.jobs.get("b") == {} and reader.jobs.get("a") == {}
+    assert reader.ledger.use("trainer-0", 7, 1000.0, 60.0) is None

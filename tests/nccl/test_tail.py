@@ -106,7 +106,19 @@ def test_links_fifos_and_other_names_are_never_opened(tmp_path: Path) -> None:
     (tmp_path / "nccl_inspector_metrics_GPU-1.prom").write_text("x 1\n")
     os.mkdir(dump_path(tmp_path, "h", 4))
     got = d.read()
-    assert got.lines == [] and got.ignored == 3 and got.files == 0
+    assert got.lines == [] and got.files == 0 and got.listed == 3
+
+
+def test_only_the_files_of_wanted_processes_are_read(tmp_path: Path) -> None:
+    d = DumpDir(str(tmp_path))
+    d.read(wanted=set())
+    append(tmp_path, "h", 1, [record("h", 1, 1)])
+    append(tmp_path, "h", 2, [record("h", 2, 1)])
+    got = d.read(wanted={("h", 2)})
+    assert [(h, p) for h, p, _ in got.lines] == [("h", 2)] and got.files == 1
+    # a file that appeared after the first pass is read whole once its process is wanted
+    append(tmp_path, "h", 1, [record("h", 1, 2)])
+    assert len(d.read(wanted={("h", 1), ("h", 2)}).lines) == 2
 
 
 def test_a_file_swapped_for_a_link_between_listing_and_open_is_not_followed(tmp_path: Path) -> None:
@@ -117,7 +129,7 @@ def test_a_file_swapped_for_a_link_between_listing_and_open_is_not_followed(tmp_
     secret.write_bytes(line(record("h", 1, 2)) * 3)
     real_list = tail._list
 
-    def swapped(p: str) -> list[tuple[str, os.stat_result]]:
+    def swapped(p: str) -> tuple[list[tuple[str, tail.Process, os.stat_result]], int]:
         listed = real_list(p)
         path.unlink()
         os.symlink(secret, path)
@@ -138,14 +150,29 @@ def test_a_missing_directory_is_an_error_not_an_exception(tmp_path: Path) -> Non
     assert d.read().error is None
 
 
-def test_files_past_the_limit_are_left_unread(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_most_recently_written_files_are_read_first_and_the_rest_keep_their_place(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A shared directory gathers a file per process ever run: past MAX_FILES, the live ones are read, and a
+    stale one read later resumes where it was, never from its start (found by review)."""
     monkeypatch.setattr(tail, "MAX_FILES", 3)
-    d = DumpDir(str(tmp_path))
-    d.read()
     for pid in range(1, 6):
-        append(tmp_path, "h", pid, [record("h", pid, 1)])
+        path = append(tmp_path, "h", pid, [record("h", pid, n) for n in range(10)])  # history
+        os.utime(path, (1000 + pid, 1000 + pid))
+    d = DumpDir(str(tmp_path))
+    assert d.read().lines == []  # from their end
+    live = append(tmp_path, "h", 1, [record("h", 1, 10)])  # the oldest file written to again: newest now
+    for pid in (2, 3, 4, 5):
+        append(tmp_path, "h", pid, [record("h", pid, 10)])
+        os.utime(dump_path(tmp_path, "h", pid), (1000 + pid, 1000 + pid))
     got = d.read()
-    assert (got.files, got.ignored, len(got.lines)) == (3, 2, 3)
+    assert (got.files, got.unread) == (3, 2)
+    assert ("h", 1) in {(h, p) for h, p, _ in got.lines} and len(got.lines) == 3
+    os.utime(live, (900, 900))
+    for pid in (2, 3):
+        os.utime(dump_path(tmp_path, "h", pid), (2000, 2000))
+    later = d.read()
+    assert len(later.lines) == 2  # the two left: their one new record each, not their history
     for pid in range(1, 6):
         dump_path(tmp_path, "h", pid).unlink()
     assert d.read().files == 0
@@ -159,4 +186,54 @@ def test_the_budget_bounds_a_pass_over_many_files(tmp_path: Path) -> None:
         append(tmp_path, "h", pid, [record("h", pid, n) for n in range(10)])
     size = dump_path(tmp_path, "h", 1).stat().st_size
     got = d.read(budget=3 * size)
-    assert len(got.lines) == 30 and got.skipped_bytes == 7 * size
+    total = sum(dump_path(tmp_path, "h", pid).stat().st_size for pid in range(1, 11))
+    assert len(got.lines) == 30 and got.skipped_bytes == total - sum(len(x) + 1 for _, _, x in got.lines)
+
+
+def test_a_flood_of_tiny_lines_costs_what_records_would(tmp_path: Path) -> None:
+    """A process may write anything into its dump: 8 MiB of "1\\n" is 4 million lines, which a byte budget
+    alone would parse in a pass of tens of seconds and hundreds of MB (found by review)."""
+    d = DumpDir(str(tmp_path))
+    d.read()
+    path = dump_path(tmp_path, "h", 1)
+    path.write_bytes(b"1\n" * (4 << 20))
+    got = d.read(budget=1 << 20)
+    assert len(got.lines) == (1 << 20) // tail.LINE_COST
+    assert got.skipped_bytes == path.stat().st_size - 2 * len(got.lines)
+    append(tmp_path, "h", 1, [record("h", 1, 1)])  # reading resumes with the next whole line
+    assert lines(d) == [line(record("h", 1, 1)).rstrip(b"\n")]
+
+
+def test_a_file_rewritten_in_place_is_read_from_its_start(tmp_path: Path) -> None:
+    """The plugin truncates its file when it opens it: a new process with the same name and pid that writes
+    past the old offset between two passes is read from its start, not from the old offset (found by
+    review)."""
+    d = DumpDir(str(tmp_path))
+    d.read()
+    path = append(tmp_path, "h", 1, [record("h", 1, n) for n in range(5)])
+    assert len(lines(d)) == 5
+    path.write_bytes(b"".join(line(record("h", 1, n, comm="0xnew")) for n in range(50)))
+    assert len(lines(d)) == 50
+
+
+def test_a_file_swapped_for_a_fifo_costs_that_file_not_the_pass(tmp_path: Path) -> None:
+    path = append(tmp_path, "h", 1, [record("h", 1, 1)])
+    append(tmp_path, "h", 2, [record("h", 2, 1)])
+    d = DumpDir(str(tmp_path))
+    d.read()
+    append(tmp_path, "h", 1, [record("h", 1, 2)])
+    append(tmp_path, "h", 2, [record("h", 2, 2)])
+    real_list = tail._list
+
+    def swapped(p: str) -> tuple[list[tuple[str, tail.Process, os.stat_result]], int]:
+        listed = real_list(p)
+        path.unlink()
+        os.mkfifo(path)
+        return listed
+
+    tail._list = swapped  # type: ignore[assignment]
+    try:
+        got = d.read()
+    finally:
+        tail._list = real_list  # type: ignore[assignment]
+    assert [(h, p) for h, p, _ in got.lines] == [("h", 2)]

@@ -14,7 +14,7 @@ from gpumon.jobs.analysis import Analysis
 from gpumon.jobs.collector import IngestStats, TrainingCollector
 from gpumon.jobs.report import parse
 from gpumon.jobs.store import JobStore
-from gpumon.nccl.reader import InspectorReader
+from gpumon.nccl.reader import Claim, InspectorReader
 from support.inspector import append, record
 from support.reports import report
 
@@ -63,7 +63,8 @@ def jobs(snap, details: frozenset[str] = frozenset()) -> TrainingCollector:
     watch = LibraryWatch(str(path), clock=lambda: 0.0)  # read once, at creation
     shutil.rmtree(path.parent)
     dumps = Path(tempfile.mkdtemp())
-    nccl = InspectorReader(str(dumps), every=None, clock=lambda: now)
+    claims = lambda: [Claim(*p) for p in store.processes()]  # noqa: E731
+    nccl = InspectorReader(str(dumps), every=None, clock=lambda: now, claims=claims)
     nccl.read_once()
     records = [record("node-1", 4242, n, seconds=0.05, busbw_gbs=42.5) for n in range(1, 5)]
     append(

@@ -50,8 +50,8 @@ class JobNccl:
             return {} if j is None else {op: (t[0], t[1], t[2]) for op, t in sorted(j.totals.items())}
 
     def keep(self, processes: Iterable[tuple[str, Process]]) -> None:
-        """Keep the (job, process) pairs of the ranks the store lists; forget the others, and jobs left with
-        none (a job that returns starts afresh)."""
+        """Keep the (job, process) pairs ranks report now; forget the others, and jobs left with none (a job
+        that returns starts afresh)."""
         wanted = set(processes)
         with self._lock:
             for job, j in list(self._jobs.items()):
