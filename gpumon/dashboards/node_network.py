@@ -1,5 +1,5 @@
 """The node dashboard's network section: the RDMA NICs' traffic against their line rate, their errors and
-links, and which NIC is nearest each GPU (gpumon/net)."""
+links, which NIC is nearest each GPU, and the Ethernet interfaces' traffic (gpumon/net)."""
 
 from __future__ import annotations
 
@@ -95,4 +95,17 @@ def network() -> list[Panel | Row]:
             Target(f"max by (instance, gpu, device, path) (gpumon_gpu_nic_affinity_info{{{NODE}}})"),
             hide=("Time", "__name__", "job", "Value"),
         ),
+        timeseries(
+            "Ethernet throughput",
+            "Each physical Ethernet interface's bytes per second through the kernel. RDMA traffic of a RoCE "
+            "port is not here (it is on its NIC above): an interface busy while its RDMA port idles carries "
+            "NCCL on TCP sockets, or checkpoints and data.",
+            BYTES_PER_S,
+            Target(_eth("receive"), "{{instance}} {{interface}} receive"),
+            Target(_eth("transmit"), "{{instance}} {{interface}} transmit"),
+        ),
     ]
+
+
+def _eth(direction: str) -> str:
+    return f"rate(gpumon_ethernet_{direction}_bytes_total{{{NODE}}}[$__rate_interval])"

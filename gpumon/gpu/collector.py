@@ -22,7 +22,7 @@ from gpumon.gpu.attribution.ownership import OWNER_LABELS, GpuOwnership, OwnedPr
 from gpumon.gpu.events import EventsView
 from gpumon.gpu.snapshot import GpuStatus, Snapshot
 from gpumon.gpu.types import THROTTLE_REASONS, MigReading
-from gpumon.net.exposition import nic_samples
+from gpumon.net.exposition import ethernet_samples, nic_samples
 from gpumon.zerofirst import ZeroFirst
 
 Family = GaugeMetricFamily | CounterMetricFamily
@@ -67,7 +67,7 @@ class RareCounters:
 
     def keep(self, shown: set[tuple[str, int]], gpus: list[tuple[str, int]], now: float) -> None:
         for owner in shown:
-            if owner[0].startswith("nic:"):
+            if owner[0].startswith(("nic:", "eth:")):
                 self._ports[owner] = now
         for owner in [k for k, t in self._ports.items() if not 0 <= now - t <= PORT_MEMORY]:
             del self._ports[owner]
@@ -81,7 +81,8 @@ class RareCounters:
 # is absent until it is first above 0 (gpumon/zerofirst.py), except those already above 0 when the daemon
 # first shows their GPU or port: the count is the hardware's, not this daemon's, and must not dip to 0
 RARE = frozenset({"gpumon_gpu_throttle_seconds_total", "gpumon_gpu_ecc_errors_total",
-                  "gpumon_gpu_remapped_rows_total", "gpumon_nic_errors_total"})  # fmt: skip
+                  "gpumon_gpu_remapped_rows_total", "gpumon_nic_errors_total",
+                  "gpumon_ethernet_errors_total"})  # fmt: skip
 _HARDWARE = 0.0  # a hardware counter's "process start": older than any daemon
 
 
@@ -346,6 +347,10 @@ def build_families(
         port = _port_owner(labels[0], int(labels[1]))
         f.shown.add(port)
         f.counter(port, metric, labels, value)
+    for metric, labels, value in ethernet_samples(snap.netdevs or ()):
+        owner = (f"eth:{labels[0]}", 0)
+        f.shown.add(owner)
+        f.counter(owner, metric, labels, value)
     for uuid, nic, path in snap.nic_affinity:
         if uuid in index:
             f.add(M.NIC_AFFINITY, [index[uuid], uuid, nic, path], 1)

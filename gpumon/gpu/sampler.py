@@ -342,6 +342,7 @@ class Sampler:
             nic_affinity=() if nic is None else nic.nearest,
             nics_at=None if nic is None else nic.at,
             nic_peermem=None if nic is None else nic.peermem,
+            netdevs=None if nic is None else nic.interfaces,
         )
         return self._publish(snap)
 
@@ -526,6 +527,9 @@ class Sampler:
             for p in r.ports or ():
                 for name in p.read_errors:
                     self._count(("", "", "sysfs_infiniband", "unparsable"), f"{p.device}/{name}")
+            for n in r.interfaces or ():
+                for name in n.read_errors:
+                    self._count(("", "", "sysfs_net", "unparsable"), f"{n.name}/{name}")
         return r, CollectorStatus("nic", r.ok, r.duration_seconds)
 
     def _status(self, w: GpuWorker, seq: int, asked: bool, events: EventsView | None) -> GpuStatus:

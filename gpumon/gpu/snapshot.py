@@ -11,6 +11,7 @@ from gpumon.gpu.attribution.ownership import OWNER_LABELS, GpuOwnership
 from gpumon.gpu.events import EventsView
 from gpumon.gpu.types import DriverInfo, GpuInfo, GpuReading
 from gpumon.host import HostReading
+from gpumon.net.netdev import Netdev
 from gpumon.net.rdma import RdmaPort
 from gpumon.net.reader import Near
 
@@ -55,6 +56,7 @@ class Snapshot:
     nic_affinity: tuple[Near, ...] = ()  # (GPU uuid, its nearest RDMA device, the PCI path between them)
     nics_at: float | None = None  # unix time the ports were read (the daemon reads them every few seconds)
     nic_peermem: str | None = None  # the GPUDirect RDMA peer-memory module loaded, if any
+    netdevs: tuple[Netdev, ...] | None = None  # the physical Ethernet interfaces, read with the ports
 
 
 def snapshot_json(snap: Snapshot) -> dict[str, Any]:
@@ -88,6 +90,7 @@ def snapshot_json(snap: Snapshot) -> dict[str, Any]:
         "nic_affinity": [{"uuid": u, "nic": n, "path": p} for u, n, p in snap.nic_affinity],
         "nics_at": snap.nics_at,
         "nic_peermem": snap.nic_peermem,
+        "netdevs": None if snap.netdevs is None else [asdict(n) for n in snap.netdevs],
         "errors": [
             {"gpu": gpu, "uuid": uuid, "op": op, "error": kind, "count": count}
             for (gpu, uuid, op, kind), count in sorted(snap.errors.items())

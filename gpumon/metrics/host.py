@@ -112,3 +112,56 @@ NIC_AFFINITY = metric(
     ("gpu", "uuid", "device", "path"),
     source="/sys/bus/pci/devices",
 )
+
+section("Ethernet interfaces")
+ETH = ("interface",)
+ETH_SOURCE = "/sys/class/net"
+ETH_INFO = metric(
+    "gpumon_ethernet_info",
+    "gauge",
+    "A physical Ethernet interface (one with a PCI function; not loopback, bridges, veths or IPoIB) and "
+    "its PCI function, to place it beside the GPUs.",
+    (*ETH, "pci_bus_id"),
+    source=ETH_SOURCE,
+)
+ETH_UP = metric(
+    "gpumon_ethernet_up",
+    "gauge",
+    "1 if the interface's operational state is up, else 0; absent where the driver does not say.",
+    ETH,
+    source=f"{ETH_SOURCE} operstate",
+)
+ETH_SPEED = metric(
+    "gpumon_ethernet_link_speed_bytes_per_second",
+    "gauge",
+    "The link's negotiated speed; absent without a link.",
+    ETH,
+    "bytes/s",
+    f"{ETH_SOURCE} speed",
+)
+ETH_RX = metric(
+    "gpumon_ethernet_receive_bytes_total",
+    "counter",
+    "Bytes received by the interface through the kernel (RDMA traffic of a RoCE port counts on its RDMA "
+    "port, not here: TCP here while the port idles is NCCL on sockets).",
+    ETH,
+    "bytes",
+    "statistics/rx_bytes",
+)
+ETH_TX = metric(
+    "gpumon_ethernet_transmit_bytes_total",
+    "counter",
+    "Bytes transmitted by the interface through the kernel.",
+    ETH,
+    "bytes",
+    "statistics/tx_bytes",
+)
+ETH_ERRORS = metric(
+    "gpumon_ethernet_errors_total",
+    "counter",
+    "The interface's error and drop counters, by the kernel's name: rx_errors, tx_errors, rx_dropped, "
+    "tx_dropped, rx_crc_errors, tx_carrier_errors. Absent until it first rises (0 first), or at once where "
+    "the interface counted some before.",
+    (*ETH, "counter"),
+    source=f"{ETH_SOURCE} statistics",
+)

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 
 from gpumon.metrics import host as M
 from gpumon.metrics.registry import Metric
+from gpumon.net.netdev import Netdev
 from gpumon.net.rdma import ERRORS, RdmaPort
 
 Sample = tuple[Metric, list[str], float]
@@ -37,3 +38,21 @@ def nic_samples(ports: tuple[RdmaPort, ...], *, detail: bool = False) -> Iterato
         if detail:  # the retransmits and congestion notifications the verdict reads stay in the daemon
             for name, count in p.hw_counters.items():
                 yield M.NIC_HW, [*key, name], float(count)
+
+
+def ethernet_samples(interfaces: tuple[Netdev, ...]) -> Iterator[Sample]:
+    """Each interface's samples; an absent quantity has none."""
+    for n in interfaces:
+        key = [n.name]
+        yield M.ETH_INFO, [*key, n.pci_bus_id or ""], 1.0
+        if n.up is not None:
+            yield M.ETH_UP, key, 1.0 if n.up else 0.0
+        for metric, value in (
+            (M.ETH_SPEED, n.speed_bytes_per_second),
+            (M.ETH_RX, n.receive_bytes),
+            (M.ETH_TX, n.transmit_bytes),
+        ):
+            if value is not None:
+                yield metric, key, float(value)
+        for name, count in n.errors.items():
+            yield M.ETH_ERRORS, [*key, name], float(count)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from gpumon.net.affinity import Nearest, nearest, normalise, peermem
+from gpumon.net.netdev import Netdev, read_netdevs
 from gpumon.net.rdma import RdmaPort, read_ports
 
 READ_EVERY = 5.0  # seconds between reads in the daemon: rates over a minute still get a dozen points
@@ -34,6 +35,8 @@ class NicSource(Protocol):
 
     def peermem(self) -> str | None: ...
 
+    def interfaces(self) -> tuple[Netdev, ...]: ...
+
 
 class SysfsNics:
     def __init__(self, sysfs: str = "/sys") -> None:
@@ -48,6 +51,9 @@ class SysfsNics:
     def peermem(self) -> str | None:
         return peermem(self.sysfs)
 
+    def interfaces(self) -> tuple[Netdev, ...]:
+        return read_netdevs(self.sysfs)
+
 
 @dataclass(frozen=True)
 class NicReading:
@@ -59,6 +65,7 @@ class NicReading:
     error: BaseException | None = None
     at: float | None = None  # when the ports were read, wall clock (their counters' time, for rates)
     peermem: str | None = None  # the GPUDirect RDMA module loaded, if any
+    interfaces: tuple[Netdev, ...] | None = None  # the physical Ethernet interfaces, read with the ports
 
 
 class NicReader:
@@ -84,6 +91,7 @@ class NicReader:
         self._error: BaseException | None = None
         self._at: float | None = None
         self._peermem: str | None = None
+        self._interfaces: tuple[Netdev, ...] | None = None
         self._when = 0.0  # when the last reading was made
         self._duration = 0.0
         self._seq = 0
@@ -103,13 +111,16 @@ class NicReader:
         now = self.clock()
         with self._lock:
             ports, error, seq, duration = self._ports, self._error, self._seq, self._duration
-            at, module = self._at, self._peermem
+            at, module, interfaces = self._at, self._peermem, self._interfaces
             stuck = self._started is not None and now - self._started > STUCK_AFTER
             stale = seq > 0 and now - self._when > STUCK_AFTER and self.every is not None
         if stale:
-            ports = None
+            ports = interfaces = None
         ok = error is None and not stuck and not stale
-        return NicReading(ports, self._near(gpus, ports or ()), ok, duration, seq, error, at, module)
+        near = self._near(gpus, ports or ())
+        return NicReading(
+            ports, near, ok, duration, seq, error, at, module, None if ports is None else interfaces
+        )
 
     def stop(self) -> None:
         self._stop.set()
@@ -124,15 +135,21 @@ class NicReader:
         with self._lock:
             self._started = t0
         module = None
+        interfaces: tuple[Netdev, ...] | None = None
         try:
             ports: tuple[RdmaPort, ...] | None = self.source.ports(self.detail)
             module = self.source.peermem()
             error = None
         except Exception as exc:  # a sysfs no kernel writes: the NIC series go, nothing else
             ports, error = None, exc
+        try:
+            interfaces = self.source.interfaces()
+        except Exception as exc:  # the Ethernet interfaces go, the RDMA ports stay
+            error = error or exc
         t1, at = self.clock(), self.wall()
         with self._lock:
             self._ports, self._error, self._at, self._peermem = ports, error, at, module
+            self._interfaces = interfaces
             self._when, self._duration, self._started = t1, t1 - t0, None
             self._seq += 1
 

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from gpumon.net.affinity import PATHS, Nearest, normalise
+from gpumon.net.netdev import ERRORS as NETDEV_ERRORS
+from gpumon.net.netdev import Netdev
 from gpumon.net.rdma import CONGESTION, ERRORS, HW_COUNTERS, MORE_ERRORS, RETRANSMITS, RdmaPort
 
 EFFICIENCY = 0.92  # of the line rate a large all-reduce achieves (NCCL's bus bandwidth on NDR: ~370 Gb/s)
@@ -80,6 +82,10 @@ def layout(gpus: Sequence[SimGpuLike]) -> list[SimNic]:
     return nics
 
 
+MANAGEMENT_RATE = 25e9 / 8  # the node's own 25 Gb/s Ethernet: SSH, storage, the scrapes
+MANAGEMENT_BYTES_PER_SECOND = 2e6  # what it carries: logs, checkpoints elsewhere, metrics
+
+
 class SimNics:
     """The NICs of a simulated node (SimNvml's GPUs); ``now``: the GPUs' simulated time."""
 
@@ -87,6 +93,12 @@ class SimNics:
         self._gpus = {g.index: g for g in gpus}
         self._now = now
         self.nics = layout(gpus)
+
+    def interfaces(self) -> tuple[Netdev, ...]:
+        """The node's management interface (the jobs' collectives go over the RDMA ports)."""
+        moved = int(MANAGEMENT_BYTES_PER_SECOND * max(0.0, self._now()))
+        errors = dict.fromkeys(NETDEV_ERRORS, 0)
+        return (Netdev("eth0", True, MANAGEMENT_RATE, moved, moved // 4, errors, "0000:04:00.0"),)
 
     def ports(self, detail: bool) -> tuple[RdmaPort, ...]:
         t = self._now()

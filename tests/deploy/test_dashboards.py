@@ -386,6 +386,9 @@ def test_queries_mean_what_their_panels_say(tmp_path: Path) -> None:
             for n in (0, 1)
         },
         'instance:gpumon_node:info{instance="a:9478",node="node-a"}': "1x60",
+        # node a's management interface: 2 MB/s in, 1 MB/s out
+        f'gpumon_ethernet_receive_bytes_total{{{a},interface="eth0"}}': f"0+{int(2e6 * 60)}x60",
+        f'gpumon_ethernet_transmit_bytes_total{{{a},interface="eth0"}}': f"0+{int(1e6 * 60)}x60",
         # NCCL on node a: two processes of job j, AllReduce at 20 and 60 GB/s for 0.5 and 0.25 s a second
         # (time-weighted: (10 + 15) / 0.75 = 33.3 GB/s), and AllGather at 80 GB/s
         **{
@@ -420,6 +423,8 @@ def test_queries_mean_what_their_panels_say(tmp_path: Path) -> None:
         (f"count({panel_query(node, 'NIC errors')})", {}, 2),
         (panel_query(node, "NIC ports up"), {"instance": "a:9478"}, 0.5),
         (f"count({panel_query(node, 'Nearest NIC of each GPU')})", {}, 2),
+        (f"sum({panel_query(node, 'Ethernet throughput')})", {}, 2e6),
+        (f"sum({panel_query(node, 'Ethernet throughput', 'B')})", {}, 1e6),
         (f"min({nccl})", {}, 25e9 / 0.75),
         (f"max({nccl})", {}, 80e9),
     ]

@@ -25,6 +25,7 @@ from gpumon.gpu.snapshot import CollectorStatus
 from gpumon.gpu.types import MigReading, ProfilingReading
 from gpumon.host import HostReading
 from gpumon.jobs.collector import TrainingCollector
+from gpumon.net.netdev import read_netdevs
 from gpumon.net.rdma import RdmaPort, read_ports
 from gpumon.web.connections import Gate, Limits
 
@@ -104,6 +105,11 @@ def pinned(snap):
             read_ports(str(ROOT / "tests" / "fixtures" / "sysfs" / "procfs"), detail=True)
         ),
         nic_affinity=((u0, "mlx5_0", "PIX"),),
+        # the captured host's two Ethernet interfaces, one of which dropped 7 packets
+        netdevs=tuple(
+            dataclasses.replace(n, errors={**n.errors, "rx_dropped": 7}) if n.errors else n
+            for n in read_netdevs(str(ROOT / "tests" / "fixtures" / "sysfs" / "procfs"))
+        ),
     )
 
 

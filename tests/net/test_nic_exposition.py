@@ -83,12 +83,25 @@ def test_simulated_gpus_get_simulated_nics_not_the_hosts(daemon: Callable[..., D
     assert info == ["mlx5_0 0000:19:00.0", "mlx5_1 0000:2b:00.0"]  # each on its GPU's switch
     assert value(got, "gpumon_nic_link_speed_bytes_per_second", device="mlx5_1", port="1") == 5e10
     assert value(got, "gpumon_collector_success", collector="nic") == 1
+    # and its management Ethernet interface
+    assert value(got, "gpumon_ethernet_link_speed_bytes_per_second", interface="eth0") == 25e9 / 8
+    assert value(got, "gpumon_ethernet_up", interface="eth0") == 1
+    assert value(got, "gpumon_ethernet_receive_bytes_total", interface="eth0") > 0
+    assert not [n for n, _ in got if n == "gpumon_ethernet_errors_total"]  # none rose
+
+
+def test_a_real_trees_ethernet_interfaces_are_served(daemon: Callable[..., Daemon]) -> None:
+    got = parse(served(daemon("--simulate", "1xH100-SXM", "--sys-root", str(PROCFS))))
+    assert value(got, "gpumon_ethernet_up", interface="enp162s0f0np0") == 0
+    assert value(got, "gpumon_ethernet_up", interface="eth0") == 1
+    assert value(got, "gpumon_ethernet_info", interface="eth0", pci_bus_id="0000:00:1f.6") == 1
+    assert value(got, "gpumon_ethernet_link_speed_bytes_per_second", interface="eth0") == 1.25e8
 
 
 def test_no_nics_turns_the_collector_off(daemon: Callable[..., Daemon]) -> None:
     d = daemon("--simulate", "1xH100-SXM", "--sys-root", str(PROCFS), "--no-nics")
     got = parse(d.get("/metrics").text)
-    assert not [n for n, _ in got if n.startswith("gpumon_nic_")]
+    assert not [n for n, _ in got if n.startswith(("gpumon_nic_", "gpumon_ethernet_"))]
 
 
 def test_an_unparsable_file_is_counted_and_costs_only_its_quantity(tmp_path: Path) -> None:

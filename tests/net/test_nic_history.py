@@ -129,6 +129,9 @@ def test_a_gpus_nearest_nic_that_vanishes_stays_its_nearest_and_reads_gone() -> 
         def peermem(self) -> str | None:
             return None
 
+        def interfaces(self) -> tuple[()]:
+            return ()
+
     source = Source()
     reader = NicReader(source)
     gpus = [("GPU-0", "00000000:18:00.0")]
