@@ -68,6 +68,7 @@ class _Point(NamedTuple):
 class _Process:
     born: float  # when its first record was read
     last: float
+    generation: int  # a new one each time the ledger meets the process afresh
     # (communicator, rank, kind) → (highest sequence number, bit i: that number less i was read)
     sns: dict[tuple[str, int, str], tuple[int, int]] = field(default_factory=dict)
     totals: dict[str, list[float]] = field(default_factory=dict)  # operation → [operations, seconds, bytes]
@@ -84,6 +85,7 @@ class NcclLedger:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._procs: dict[Process, _Process] = {}
+        self._generations = 0
         self.ambiguous: frozenset[Process] = frozenset()  # claimed by ranks of two jobs: joined to neither
 
     def add(self, record: Record, now: float) -> str:
@@ -92,7 +94,8 @@ class NcclLedger:
         with self._lock:
             p = self._procs.pop(key, None)  # re-inserted last: the dict's order is recency
             if p is None:
-                p = _Process(now, now)
+                self._generations += 1
+                p = _Process(now, now, self._generations)
                 if len(self._procs) >= MAX_PROCESSES:
                     del self._procs[next(iter(self._procs))]
             self._procs[key] = p
@@ -126,9 +129,15 @@ class NcclLedger:
 
     def totals(self, hostname: str, pid: int) -> dict[str, Totals]:
         """The process's totals per operation since this daemon first read it."""
+        return self.generation_totals(hostname, pid)[1]
+
+    def generation_totals(self, hostname: str, pid: int) -> tuple[int, dict[str, Totals]]:
+        """(the ledger's generation of the process, 0 for none; its totals per operation)."""
         with self._lock:
             p = self._procs.get((hostname, pid))
-            return {} if p is None else {op: Totals(int(t[0]), t[1], t[2]) for op, t in p.totals.items()}
+            if p is None:
+                return 0, {}
+            return p.generation, {op: Totals(int(t[0]), t[1], t[2]) for op, t in p.totals.items()}
 
     def use(self, hostname: str, pid: int, now: float, window: float) -> NcclUse | None:
         """The process's records read within [now - window, now]; None where there are none, or where ranks

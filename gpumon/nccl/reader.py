@@ -110,7 +110,7 @@ class InspectorReader:
         for process, at in started.items():
             self.ledger.claim(process, at)
         first = self.dump.first
-        found = self.dump.read(None if claims is None else set(owners), BUDGET)
+        found = self.dump.read(None if claims is None else started, BUDGET)
         if first and found.error is None:
             log.info(
                 "NCCL Inspector dumps in %s: %d files there now are read from their end, newer ones whole",
@@ -140,11 +140,13 @@ class InspectorReader:
                 counted[self.ledger.add(record, now)] += 1
         if claims is not None:
             # each job adds its processes' growth now, not at a scrape: a rank that restarts or finishes
-            # between two scrapes keeps what its last dump brought
-            joined = [(next(iter(jobs)), p) for p, jobs in owners.items() if p not in ambiguous]
-            for job, process in joined:
-                self.jobs.add(job, process, self.ledger.totals(*process))
-            self.jobs.keep(joined)
+            # between two scrapes keeps what its last dump brought; a process two jobs claim adds to neither
+            for process, jobs in owners.items():
+                generation, totals = self.ledger.generation_totals(*process)
+                for job in jobs:
+                    note = self.jobs.hold if process in ambiguous else self.jobs.add
+                    note(job, process, generation, totals, now)
+            self.jobs.keep({job for jobs in owners.values() for job in jobs}, now)
             self.ledger.forget(now, owners)
         with self._lock:
             for outcome, n in counted.items():

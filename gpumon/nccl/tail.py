@@ -7,12 +7,14 @@ the processes ``wanted`` (the ranks reporting to this daemon), from where it lef
 
 - a file present at the first pass is read from its end: its past is a job's history before this daemon,
   and reading a 500 MB file whole would stall every other pass. A file that appears later is read from its
-  start once its process is wanted;
+  start once its process is wanted, unless it was last written before that process started (an earlier
+  process's of the same name and pid): then from its end;
 - a file that shrank, whose inode changed, or whose bytes before the offset read differ from what was read
   (truncated and rewritten within a pass) is read from its start;
 - a file that gained more than MAX_BACKLOG since the last pass is skipped to its end (counted), and a pass
-  parses at most its budget, each line charged at least LINE_COST bytes (a flood of tiny lines costs as much
-  as records), skipping the rest of the files it reaches after that: the records read stay a sample;
+  reads at most its budget, every byte charged and each line at least LINE_COST bytes (a flood of tiny
+  lines costs as much as records), skipping the rest of the files it reaches after that: the records read
+  stay a sample;
 - a line longer than records.MAX_LINE is dropped up to its newline; a last line without its newline is kept
   (up to MAX_LINE) until the rest arrives;
 - symbolic links, FIFOs and devices are never opened: the directory is writable by every training process.
@@ -24,7 +26,7 @@ import errno
 import os
 import re
 import stat
-from collections.abc import Collection
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from gpumon.nccl.records import MAX_LINE
@@ -35,6 +37,7 @@ MAX_FILES = 1024  # wanted files read per pass, the most recently written first
 MAX_BACKLOG = 8 << 20  # bytes a file may gain between two passes and still be read in full
 LINE_COST = 256  # bytes of budget a line costs at least
 CHUNK = 1 << 20
+START_SLACK = 5.0  # seconds between a process's start and its file's times
 TAIL = 32  # bytes before the offset kept, to tell a file rewritten in place from one appended to
 
 Process = tuple[str, int]
@@ -69,9 +72,9 @@ class DumpDir:
         self.first = True  # no pass listed the directory yet
         self._turn = -1
 
-    def read(self, wanted: Collection[Process] | None = None, budget: int = 64 << 20) -> Pass:
-        """One pass: the whole lines the files of ``wanted`` processes (None: every file) gained, within
-        ``budget`` bytes of parsing."""
+    def read(self, wanted: Mapping[Process, float | None] | None = None, budget: int = 64 << 20) -> Pass:
+        """One pass: the whole lines the files of ``wanted`` processes (each with its start, unix seconds,
+        where known; None: every file) gained, within ``budget`` bytes."""
         out = Pass()
         try:
             entries, out.unread = _list(self.path)
@@ -101,7 +104,12 @@ class DumpDir:
         for _, name, process, st in due[self._turn :] + due[: self._turn]:
             f = self._files.get(name)
             inode = (st.st_dev, st.st_ino)
-            if f is None or f.inode != inode or st.st_size < f.offset:
+            started = None if wanted is None else wanted.get(process)
+            if f is None and started is not None and st.st_mtime < started - START_SLACK and st.st_size:
+                # last written before its process started: an earlier process's of that name (the plugin
+                # truncates the file when the new one opens it, and reading starts afresh then)
+                f = self._files[name] = _File(inode, st.st_size, check_end=True)
+            elif f is None or f.inode != inode or st.st_size < f.offset:
                 f = self._files[name] = _File(inode, 0)
             out.files += 1
             if st.st_size == f.offset:
@@ -130,7 +138,8 @@ class DumpDir:
                 _skip(fd, f, size, out)
                 return budget
             while f.offset < size:
-                data = os.pread(fd, min(CHUNK, size - f.offset), f.offset)
+                # never more than the budget left (and a line's worth): what is read is charged
+                data = os.pread(fd, min(CHUNK, size - f.offset, max(budget, LINE_COST)), f.offset)
                 if not data:
                     break
                 used, budget = _split(f, data, process, budget, out)
@@ -153,13 +162,17 @@ def _skip(fd: int, f: _File, size: int, out: Pass) -> None:
 
 
 def _split(f: _File, data: bytes, process: Process, budget: int, out: Pass) -> tuple[int, int]:
-    """The whole lines of ``data`` into ``out`` while ``budget`` lasts: (bytes consumed, budget left)."""
+    """The whole lines of ``data`` into ``out`` while ``budget`` lasts: (bytes consumed, budget left). Every
+    byte consumed is charged, a line at least LINE_COST."""
     host, pid = process
     start = 0
     while True:
         end = data.find(b"\n", start)
         if end < 0:
             rest = data[start:]
+            if budget < len(rest):
+                return start, budget
+            budget -= len(rest)
             if f.skipping:
                 out.skipped_bytes += len(rest)
             elif len(f.partial) + len(rest) > MAX_LINE:
@@ -168,7 +181,7 @@ def _split(f: _File, data: bytes, process: Process, budget: int, out: Pass) -> t
             else:
                 f.partial += rest
             return len(data), budget
-        cost = max(LINE_COST, end + 1 - start + len(f.partial))
+        cost = max(LINE_COST, end + 1 - start)
         if budget < cost:
             return start, budget
         budget -= cost

@@ -27,11 +27,11 @@ class _Point(NamedTuple):
     t: float
     receive: int | None
     transmit: int | None
-    errors: int  # the ERRORS counters the port has, summed
+    errors: dict[str, int]  # the ERRORS counters read this time
     up: bool | None
     speed: float | None
-    retransmits: int | None  # the RETRANSMITS counters, summed; None: the port has none
-    cnps: int | None  # the CONGESTION counters, summed
+    retransmits: dict[str, int]  # the RETRANSMITS counters read this time (none: not a RoCE port of mlx5)
+    cnps: dict[str, int]  # the CONGESTION counters read this time
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,16 +65,15 @@ class NicHistory:
             for p in snap.nics:
                 key = (p.device, p.port)
                 live.add(key)
-                errors = sum(v for name, v in p.errors.items() if name in ERRORS)
                 point = _Point(
                     at,
                     p.receive_bytes,
                     p.transmit_bytes,
-                    errors,
+                    _only(p.errors, ERRORS),
                     p.up,
                     p.rate_bytes_per_second,
-                    _sum(p.hw_counters, RETRANSMITS),
-                    _sum(p.hw_counters, CONGESTION),
+                    _only(p.hw_counters, RETRANSMITS),
+                    _only(p.hw_counters, CONGESTION),
                 )
                 points = self._points.setdefault(key, deque(maxlen=MAX_POINTS))
                 if points and at <= points[-1].t:  # a clock stepped back: start afresh
@@ -106,7 +105,7 @@ class NicHistory:
         if not ports and not down:
             return None
         shares: list[float] = []
-        grew: list[int] = []
+        grew: list[int] = []  # per port
         retries: list[float] = []
         cnps: list[float] = []
         for (device, port), points in sorted(ports.items()):
@@ -123,11 +122,11 @@ class NicHistory:
             ]
             if rates and last.speed:
                 shares.append(min(1.0, max(rates) / last.speed))
-            if last.errors >= first.errors:
-                grew.append(last.errors - first.errors)
+            if (errors := _growth(first.errors, last.errors)) is not None:
+                grew.append(errors)
             for out, a, b in ((retries, first.retransmits, last.retransmits), (cnps, first.cnps, last.cnps)):
-                if a is not None and b is not None and b >= a:
-                    out.append((b - a) / span)
+                if (more := _growth(a, b)) is not None:
+                    out.append(more / span)
         return NicUse(
             nics=wanted,
             utilization=max(shares) if shares else None,
@@ -138,6 +137,14 @@ class NicHistory:
         )
 
 
-def _sum(counters: dict[str, int], names: tuple[str, ...]) -> int | None:
-    known = [counters[n] for n in names if n in counters]
-    return sum(known) if known else None
+def _only(counters: dict[str, int], names: tuple[str, ...]) -> dict[str, int]:
+    return {n: counters[n] for n in names if n in counters}
+
+
+def _growth(first: dict[str, int], last: dict[str, int]) -> int | None:
+    """How much the counters read at both points grew; None where none was, or one went back (a reset). A
+    counter missing from one reading (a firmware query that timed out) is left out, not counted whole."""
+    both = first.keys() & last.keys()
+    if not both or any(last[n] < first[n] for n in both):
+        return None
+    return sum(last[n] - first[n] for n in both)

@@ -4,8 +4,9 @@ the error counters operators act on.
 A training job's collectives go over RDMA (the ports of /sys/class/infiniband, rdma.py), but not always:
 NCCL falls back to TCP sockets when RDMA is not usable, jobs on plain Ethernet nodes use them, and the
 checkpoints and data go over the same interfaces. Only interfaces with a PCI function (``device``) and
-of ARP type Ethernet (1) are read: loopback, bridges, veths and tunnels have no device, and IPoIB netdevs
-(type 32) carry what their InfiniBand port's counters already count. node_exporter's netdev collector reads
+of ARP type Ethernet (1) are read: loopback, bridges, veths and tunnels have no device, IPoIB netdevs
+(type 32) carry what their InfiniBand port's counters already count, and SR-IOV virtual functions
+(``device/physfn``) what their physical function's interface counts. node_exporter's netdev collector reads
 every interface and counter; this is the GPU node's short list.
 """
 
@@ -14,7 +15,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from gpumon.net.rdma import _count, _listdir, _pci_bus_id, _text, label
+from gpumon.net.rdma import NOT_SYSFS, _count, _listdir, _pci_bus_id, _text, label
 
 ETHERNET = "1"  # ARPHRD_ETHER in the interface's type file
 # the errors an operator acts on, as the kernel names them in statistics/
@@ -44,7 +45,12 @@ def read_netdevs(sysfs: str = "/sys") -> tuple[Netdev, ...]:
     for entry in _listdir(root):
         base = os.path.join(root, entry)
         name = label(entry)
-        if name in names or not os.path.islink(os.path.join(base, "device")):
+        # the kernel refuses names with whitespace or '/' (dev_valid_name); a tree with one is no kernel's
+        if name in names or not name.isprintable() or any(c.isspace() for c in name):
+            continue
+        if not os.path.islink(os.path.join(base, "device")):
+            continue
+        if os.path.lexists(os.path.join(base, "device", "physfn")):  # an SR-IOV VF: its PF's uplink counts
             continue
         if _text(os.path.join(base, "type")) != ETHERNET:
             continue
@@ -81,6 +87,9 @@ def read_netdev(base: str, name: str) -> Netdev | None:
 
 def _speed(text: str | None, bad: list[str]) -> float | None:
     """Mb/s as the kernel writes it; -1 (or an error reading it: no link) is unknown."""
+    if text is NOT_SYSFS:
+        bad.append("speed")
+        return None
     if not text or text == "-1":
         return None
     if text.isascii() and text.isdigit() and 0 < int(text) <= MAX_MBPS:

@@ -118,9 +118,7 @@ class NicReader:
             ports = interfaces = None
         ok = error is None and not stuck and not stale
         near = self._near(gpus, ports or ())
-        return NicReading(
-            ports, near, ok, duration, seq, error, at, module, None if ports is None else interfaces
-        )
+        return NicReading(ports, near, ok, duration, seq, error, at, module, interfaces)
 
     def stop(self) -> None:
         self._stop.set()

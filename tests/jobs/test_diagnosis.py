@@ -359,3 +359,14 @@ def test_a_lossy_or_congested_roce_fabric_is_the_network_however_idle_the_nics()
     # InfiniBand ports (no hw_counters read): no such evidence at all
     ib = diagnose(Signals(**MULTI, nics=("mlx5_0",), nic_utilization=0.05), T)
     assert not [e for e in ib.evidence if e.signal in ("nic_retransmit_rate", "nic_cnp_rate")]
+
+
+def test_a_rate_threshold_of_zero_needs_a_measured_rate_above_zero() -> None:
+    """Found by review: nic_cnp_rate=0 made every job across nodes network-bound, RoCE counters or not."""
+    t = Thresholds(nic_cnp_rate=0.0, nic_retransmit_rate=0.0)
+    ib = diagnose(Signals(**MULTI, nics=("mlx5_0",), nic_utilization=0.05), t)
+    assert "waiting_on_peers" in ib.findings
+    healthy = diagnose(Signals(**MULTI, nics=("mlx5_0",), nic_utilization=0.05, nic_cnp_rate=0.0), t)
+    assert "waiting_on_peers" in healthy.findings
+    with pytest.raises(ValueError, match="nic_busy"):
+        parse_thresholds({"nic_busy": True})  # TOML's true is no number

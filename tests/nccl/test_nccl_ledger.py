@@ -94,22 +94,29 @@ def test_bounded_in_processes_names_and_points(monkeypatch: pytest.MonkeyPatch) 
     assert led.processes() == [("h", 9)]
 
 
-def test_a_job_counter_never_goes_back() -> None:
+def test_a_job_counter_never_goes_back_nor_counts_twice() -> None:
     jobs = JobNccl()
-    jobs.add("llm", ("h", 1), {"AllReduce": Totals(10, 1.0, 40e9)})
-    jobs.add("llm", ("h", 2), {"AllReduce": Totals(5, 0.5, 20e9)})
+    jobs.add("llm", ("h", 1), 1, {"AllReduce": Totals(10, 1.0, 40e9)}, now=0)
+    jobs.add("llm", ("h", 2), 2, {"AllReduce": Totals(5, 0.5, 20e9)}, now=0)
     assert jobs.get("llm")["AllReduce"] == (15, 1.5, 60e9)
-    jobs.add("llm", ("h", 1), {"AllReduce": Totals(11, 1.1, 44e9)})  # its growth only
+    jobs.add("llm", ("h", 1), 1, {"AllReduce": Totals(11, 1.1, 44e9)}, now=5)  # its growth only
     assert jobs.get("llm")["AllReduce"] == pytest.approx((16, 1.6, 64e9))
     # a rank restarts as a new process: its totals add in full, even above the old process's
-    jobs.add("llm", ("h", 3), {"AllReduce": Totals(12, 1.2, 48e9)})
+    jobs.add("llm", ("h", 3), 3, {"AllReduce": Totals(12, 1.2, 48e9)}, now=10)
     assert jobs.get("llm")["AllReduce"] == pytest.approx((28, 2.8, 112e9))
-    # the ledger forgot process 2 and counts it again from 0
-    jobs.add("llm", ("h", 2), {"AllReduce": Totals(2, 0.2, 8e9)})
+    # process 1 drops out of the claims for a while (its rank silent past --rank-ttl) and comes back:
+    # what it had is not added again (found by review: 2000 became 3000)
+    jobs.keep(["llm"], now=20)
+    jobs.add("llm", ("h", 1), 1, {"AllReduce": Totals(11, 1.1, 44e9)}, now=600)
+    assert jobs.get("llm")["AllReduce"][0] == 28
+    # the ledger forgot process 2 and met it afresh (a new generation): its totals add from 0
+    jobs.add("llm", ("h", 2), 9, {"AllReduce": Totals(2, 0.2, 8e9)}, now=610)
     assert jobs.get("llm")["AllReduce"] == pytest.approx((30, 3.0, 120e9))
-    jobs.keep([("llm", ("h", 3))])  # the others' ranks left the store: what they counted stays
-    assert jobs.get("llm")["AllReduce"][0] == 30
-    jobs.keep([])
+    # growth while another job claims the process too is nobody's
+    jobs.hold("llm", ("h", 3), 3, {"AllReduce": Totals(20, 2.0, 80e9)}, now=620)
+    jobs.add("llm", ("h", 3), 3, {"AllReduce": Totals(21, 2.1, 84e9)}, now=625)
+    assert jobs.get("llm")["AllReduce"][0] == 31
+    jobs.keep([], now=700)  # no rank of it reports any more
     assert jobs.get("llm") == {}
 
 
@@ -153,7 +160,13 @@ def test_a_process_two_jobs_claim_joins_neither(tmp_path: Path) -> None:
     assert reader.jobs.get("a")["AllReduce"][0] == 10
     assert reader.ledger.processes() == [("trainer-0", 7)]
     claims.append(Claim("b", "trainer-0", 7, None))
-    append(tmp_path, "trainer-0", 7, [record("trainer-0", 7, 11)])
+    append(tmp_path, "trainer-0", 7, [record("trainer-0", 7, n) for n in range(11, 21)])
     reader.read_once()
-    assert reader.jobs.get("b") == {} and reader.jobs.get("a") == {}
+    assert reader.jobs.get("b") == {} and reader.jobs.get("a")["AllReduce"][0] == 10
     assert reader.ledger.use("trainer-0", 7, 1000.0, 60.0) is None
+    # B goes: A continues from there, without what was read while two jobs claimed the process, and
+    # without counting its history twice (found by review)
+    claims.pop()
+    append(tmp_path, "trainer-0", 7, [record("trainer-0", 7, 21)])
+    reader.read_once()
+    assert reader.jobs.get("a")["AllReduce"][0] == 11

@@ -67,3 +67,38 @@ def test_a_tree_with_thousands_of_interfaces_is_cut(tmp_path: Path) -> None:
         iface(tmp_path, f"ens{n}")
     assert len(read_netdevs(str(tmp_path))) == netdev.MAX_INTERFACES
     assert read_netdevs(str(tmp_path / "none")) == ()
+
+
+def test_no_kernels_names_fifos_and_virtual_functions(tmp_path: Path) -> None:
+    iface(tmp_path, "eth 1")  # whitespace: the kernel refuses such a name
+    iface(tmp_path, "eth\n2")
+    vf = iface(tmp_path, "ens1f0v0")
+    (tmp_path / "devices" / "ens1f0v0" / "physfn").mkdir()  # an SR-IOV VF: its PF counts its traffic
+    base = iface(tmp_path, "ens1f0")
+    os.remove(base / "speed")
+    os.mkfifo(base / "speed")
+    (got,) = read_netdevs(str(tmp_path))
+    assert got.name == "ens1f0" and got.speed_bytes_per_second is None and got.read_errors == ("speed",)
+    assert vf.exists()
+
+
+def test_a_failing_rdma_read_keeps_the_ethernet_interfaces() -> None:
+    from gpumon.net.reader import NicReader
+
+    class Source:
+        def ports(self, detail: bool) -> tuple[()]:
+            raise OSError("sysfs went away")
+
+        def nearest(self, gpus: list[str], nics: dict[str, str]) -> list[object]:
+            return []
+
+        def peermem(self) -> None:
+            return None
+
+        def interfaces(self) -> tuple[netdev.Netdev, ...]:
+            return (netdev.Netdev("eth0", True, 1.25e8, 1, 2),)
+
+    got = NicReader(Source()).read()  # type: ignore[arg-type]
+    assert (
+        got.ports is None and not got.ok and got.interfaces is not None and got.interfaces[0].name == "eth0"
+    )

@@ -170,3 +170,18 @@ def test_roce_retransmits_and_congestion_notifications_as_rates() -> None:
     h2.observe(snap(5, roce(5, 3, 3)), 30.0)
     after = h2.use(["mlx5_0"], 5.0, 30.0)
     assert after is not None and after.retransmit_rate is None and after.cnp_rate is None
+
+
+def test_a_counter_missing_from_one_reading_is_not_counted_whole() -> None:
+    """A firmware query that timed out leaves a counter out of one reading: the next must not add its
+    lifetime value as growth (found by review: 200,000 retransmissions a second)."""
+
+    def roce(t: int, **hw: int) -> RdmaPort:
+        return dataclasses.replace(port("mlx5_0", 0, 0, errors=0), link_layer="Ethernet", hw_counters=hw)
+
+    h = NicHistory()
+    h.observe(snap(0, roce(0, local_ack_timeout_err=5)), 30.0)  # out_of_sequence not read this time
+    h.observe(snap(5, roce(5, local_ack_timeout_err=5, out_of_sequence=2_000_000)), 30.0)
+    h.observe(snap(10, roce(10, local_ack_timeout_err=15, out_of_sequence=2_000_000)), 30.0)
+    use = h.use(["mlx5_0"], 10.0, 30.0)
+    assert use is not None and use.retransmit_rate == pytest.approx(1.0)  # local_ack_timeout_err alone

@@ -87,6 +87,8 @@ def parse_thresholds(items: Sequence[str] | dict[str, Any]) -> Thresholds:
         hi = MAX_RATE if name in RATES else 1.0
         what = f"expected a number between 0 and {hi:g}"
         try:
+            if isinstance(value, bool):  # TOML's true is no threshold, though float() takes it
+                raise TypeError
             x = float(value)
         except (TypeError, ValueError, OverflowError):
             raise ValueError(f"threshold {name}: {what}, got {value!r}") from None

@@ -94,9 +94,8 @@ def network_busy(s: Signals, t: Thresholds) -> bool | None:
 def fabric_trouble(s: Signals, t: Thresholds) -> bool:
     """The NICs' transport retries lost packets, or slows down for congestion notifications, at a rate that
     limits the job whatever their throughput: a lossy or congested RoCE fabric is the network's fault."""
-    return (s.nic_retransmit_rate or 0.0) >= t.nic_retransmit_rate or (
-        s.nic_cnp_rate or 0.0
-    ) >= t.nic_cnp_rate
+    pairs = ((s.nic_retransmit_rate, t.nic_retransmit_rate), (s.nic_cnp_rate, t.nic_cnp_rate))
+    return any(rate is not None and rate > 0 and rate >= threshold for rate, threshold in pairs)
 
 
 def waits_on_peers(s: Signals, t: Thresholds) -> bool:
