@@ -51,6 +51,10 @@ def _port_owner(device: str, port: int) -> tuple[str, int]:
     return (f"nic:{device}", port)
 
 
+def _interface_owner(name: str) -> tuple[str, int]:
+    return (f"eth:{name}", 0)
+
+
 class RareCounters:
     """The RARE counters' state across builds: a ZeroFirst over GPUs and NIC ports (the "ranks" it keeps
     apart), and the ports shown lately. A GPU down keeps its counters' state for when it answers again, and
@@ -348,7 +352,7 @@ def build_families(
         f.shown.add(port)
         f.counter(port, metric, labels, value)
     for metric, labels, value in ethernet_samples(snap.netdevs or ()):
-        owner = (f"eth:{labels[0]}", 0)
+        owner = _interface_owner(labels[0])
         f.shown.add(owner)
         f.counter(owner, metric, labels, value)
     for uuid, nic, path in snap.nic_affinity:

@@ -127,12 +127,9 @@ class NcclLedger:
             if p is not None and p.born < started - START_SLACK:
                 del self._procs[process]
 
-    def totals(self, hostname: str, pid: int) -> dict[str, Totals]:
-        """The process's totals per operation since this daemon first read it."""
-        return self.generation_totals(hostname, pid)[1]
-
     def generation_totals(self, hostname: str, pid: int) -> tuple[int, dict[str, Totals]]:
-        """(the ledger's generation of the process, 0 for none; its totals per operation)."""
+        """(the ledger's generation of the process, 0 for none; its totals per operation since this daemon
+        first read it)."""
         with self._lock:
             p = self._procs.get((hostname, pid))
             if p is None:

@@ -50,7 +50,7 @@ class _File:
     partial: bytes = b""
     skipping: bool = False  # inside an over-long line or after a skip: drop up to the next newline
     tail: bytes = b""  # the last bytes before offset, as read
-    check_end: bool = False  # started at the end of a file: whether it ended mid-line is found at first read
+    check_end: bool = False  # started at the end of a file: where that end falls is found at its first read
 
 
 @dataclass
@@ -131,7 +131,7 @@ class DumpDir:
             size = st.st_size
             if f.check_end:
                 f.check_end = False
-                f.skipping = os.pread(fd, 1, f.offset - 1) not in (b"\n", b"")
+                _resume(fd, f)
             elif f.tail and os.pread(fd, len(f.tail), f.offset - len(f.tail)) != f.tail:
                 f.offset, f.partial, f.skipping, f.tail = 0, b"", False, b""  # rewritten in place
             if size - f.offset > MAX_BACKLOG or budget <= 0:
@@ -144,7 +144,7 @@ class DumpDir:
                     break
                 used, budget = _split(f, data, process, budget, out)
                 f.offset += used
-                f.tail = (f.tail + data[:used])[-TAIL:]
+                f.tail = (f.tail + data[max(0, used - TAIL) : used])[-TAIL:]
                 if used < len(data):  # the budget ran out inside this chunk
                     _skip(fd, f, size, out)
                     break
@@ -157,8 +157,14 @@ def _skip(fd: int, f: _File, size: int, out: Pass) -> None:
     """Jump to the end of the file, counting what is left unread; reading resumes at the next whole line."""
     out.skipped_bytes += size - f.offset + len(f.partial)
     f.offset, f.partial = size, b""
-    f.tail = os.pread(fd, TAIL, max(0, size - TAIL)) if size else b""
-    f.skipping = not f.tail.endswith(b"\n") and size > 0
+    _resume(fd, f)
+
+
+def _resume(fd: int, f: _File) -> None:
+    """Reading starts at ``f.offset``, not where the last read ended: keep the bytes before it, and skip to
+    the next whole line where it falls inside one."""
+    f.tail = os.pread(fd, TAIL, max(0, f.offset - TAIL)) if f.offset else b""
+    f.skipping = bool(f.tail) and not f.tail.endswith(b"\n")
 
 
 def _split(f: _File, data: bytes, process: Process, budget: int, out: Pass) -> tuple[int, int]:

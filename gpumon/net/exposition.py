@@ -23,15 +23,14 @@ def nic_samples(ports: tuple[RdmaPort, ...], *, detail: bool = False) -> Iterato
         yield M.NIC_INFO, key + info, 1.0
         if p.up is not None:
             yield M.NIC_UP, key, 1.0 if p.up else 0.0
-        for metric, value in (
+        yield from _known(
+            key,
             (M.NIC_SPEED, p.rate_bytes_per_second),
             (M.NIC_RX, p.receive_bytes),
             (M.NIC_TX, p.transmit_bytes),
             (M.NIC_RX_PACKETS, p.receive_packets),
             (M.NIC_TX_PACKETS, p.transmit_packets),
-        ):
-            if value is not None:
-                yield metric, key, float(value)
+        )
         for name, count in p.errors.items():
             if detail or name in ERRORS:
                 yield M.NIC_ERRORS, [*key, name], float(count)
@@ -47,12 +46,18 @@ def ethernet_samples(interfaces: tuple[Netdev, ...]) -> Iterator[Sample]:
         yield M.ETH_INFO, [*key, n.pci_bus_id or ""], 1.0
         if n.up is not None:
             yield M.ETH_UP, key, 1.0 if n.up else 0.0
-        for metric, value in (
+        yield from _known(
+            key,
             (M.ETH_SPEED, n.speed_bytes_per_second),
             (M.ETH_RX, n.receive_bytes),
             (M.ETH_TX, n.transmit_bytes),
-        ):
-            if value is not None:
-                yield metric, key, float(value)
+        )
         for name, count in n.errors.items():
             yield M.ETH_ERRORS, [*key, name], float(count)
+
+
+def _known(key: list[str], *pairs: tuple[Metric, float | None]) -> Iterator[Sample]:
+    """A sample for each quantity that was read: unknown is absent, not 0."""
+    for metric, value in pairs:
+        if value is not None:
+            yield metric, key, float(value)

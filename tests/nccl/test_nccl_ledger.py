@@ -15,6 +15,10 @@ from gpumon.nccl.reader import Claim, InspectorReader
 from gpumon.nccl.records import parse
 
 
+def totals(ledger: NcclLedger, hostname: str, pid: int) -> dict[str, Totals]:
+    return ledger.generation_totals(hostname, pid)[1]
+
+
 def add(ledger: NcclLedger, now: float, *args: object, **kw: object) -> str:
     return ledger.add(parse(line(record(*args, **kw))), now)  # type: ignore[arg-type]
 
@@ -28,12 +32,12 @@ def test_each_operation_counts_once_per_communicator() -> None:
     assert add(led, 13, "h", 1, 10, busbw_gbs="nan") == "unmeasured"
     assert add(led, 13, "h", 1, 10, busbw_gbs=40) == "duplicate"  # its sequence number was read
     assert add(led, 13, "h", 1, 4) == "counted"  # an earlier one that completed later
-    got = led.totals("h", 1)
+    got = totals(led, "h", 1)
     assert got["AllReduce"] == Totals(
         3, pytest.approx(0.79), pytest.approx(0.5 * 40e9 + 0.25 * 80e9 + 0.04 * 40e9)
     )
     assert got["Send"].operations == 1
-    assert led.totals("h", 2) == {}
+    assert totals(led, "h", 2) == {}
 
 
 def test_operations_completing_out_of_their_numbering_all_count() -> None:
@@ -43,7 +47,7 @@ def test_operations_completing_out_of_their_numbering_all_count() -> None:
     for k in range(50):
         assert add(led, 1, "h", 1, 2 * k + 2, op="Recv", p2p=True) == "counted"
         assert add(led, 1, "h", 1, 2 * k + 1, op="Send", p2p=True) == "counted"
-    got = led.totals("h", 1)
+    got = totals(led, "h", 1)
     assert (got["Send"].operations, got["Recv"].operations) == (50, 50)
     assert add(led, 2, "h", 1, 37, op="Send", p2p=True) == "duplicate"  # read again
     assert add(led, 2, "h", 1, 400, op="Send", p2p=True) == "counted"
@@ -58,12 +62,12 @@ def test_a_process_that_reuses_a_gone_ones_name_starts_afresh() -> None:
     led = NcclLedger()
     add(led, 100, "trainer-0", 1, 1)
     led.claim(("trainer-0", 1), started=50.0)  # the process that wrote it
-    assert led.totals("trainer-0", 1)["AllReduce"].operations == 1
+    assert totals(led, "trainer-0", 1)["AllReduce"].operations == 1
     led.claim(("trainer-0", 1), started=500.0)  # a new one
-    assert led.totals("trainer-0", 1) == {}
+    assert totals(led, "trainer-0", 1) == {}
     add(led, 600, "trainer-0", 1, 1)
     led.claim(("trainer-0", 1), started=None)  # unknown start: nothing to tell apart
-    assert led.totals("trainer-0", 1)["AllReduce"].operations == 1
+    assert totals(led, "trainer-0", 1)["AllReduce"].operations == 1
 
 
 def test_the_window_weights_bandwidth_by_time() -> None:
@@ -88,7 +92,7 @@ def test_bounded_in_processes_names_and_points(monkeypatch: pytest.MonkeyPatch) 
     assert sorted(p for _, p in led.processes()) == [6, 7, 8, 9]  # the least recently written went first
     for n in range(30):
         add(led, 20, "h", 9, n + 2, op=f"Op{n}")
-    names = set(led.totals("h", 9))
+    names = set(totals(led, "h", 9))
     assert len(names) == L.MAX_OPERATIONS + 1 and L.OTHER in names
     led.forget(now=20 + L.FORGET_AFTER + 1, keep=[("h", 9)])
     assert led.processes() == [("h", 9)]
@@ -127,7 +131,7 @@ def test_one_process_of_several_ranks_keeps_each_ranks_records() -> None:
         rec = record("h", 1, 7)
         rec["header"]["rank"] = rank
         assert led.add(parse(line(rec)), 10) == "counted"
-    assert led.totals("h", 1)["AllReduce"].operations == 2
+    assert totals(led, "h", 1)["AllReduce"].operations == 2
 
 
 def test_the_reader_counts_every_outcome(tmp_path: Path) -> None:
@@ -145,7 +149,7 @@ def test_the_reader_counts_every_outcome(tmp_path: Path) -> None:
     outcomes, skipped, files = reader.counts()
     assert outcomes == {"counted": 1, "duplicate": 1, "unmeasured": 1, "stats": 1, "invalid": 1, "foreign": 1}
     assert (skipped, files) == (0, (1, 0))
-    assert reader.ledger.totals("node-2", 7) == {}
+    assert totals(reader.ledger, "node-2", 7) == {}
 
 
 def test_a_process_two_jobs_claim_joins_neither(tmp_path: Path) -> None:

@@ -286,10 +286,12 @@ def _fabric(s: Signals) -> list[str]:
 
 def fabric_note(s: Signals) -> str:
     """Retransmissions or congestion notifications on the NICs nearest the rank's GPUs."""
-    return (
-        f"NIC {', '.join(s.nics)}: {' and '.join(_fabric(s))}; the fabric drops or marks the job's packets "
-        "(RoCE): check PFC and ECN on the switches and the NICs (mlnx_qos), switch buffer drops, and other "
-        "traffic sharing the links (gpumon_nic_hw_events_total with --collect nic-detail names the counter)"
+    return _about_nics(
+        s,
+        _fabric(s),
+        "the fabric drops or marks the job's packets (RoCE): check PFC and ECN on the switches and the "
+        "NICs (mlnx_qos), switch buffer drops, and other traffic sharing the links "
+        "(gpumon_nic_hw_events_total with --collect nic-detail names the counter)",
     )
 
 
@@ -308,11 +310,17 @@ def nic_note(s: Signals) -> str:
         parts.append(f"{s.nic_errors:.0f} errors in the window")
     if s.nics_down:
         parts.append(f"ports not ACTIVE: {', '.join(s.nics_down)}")
-    return (
-        f"NIC {', '.join(s.nics)}: {' and '.join(parts)}; its traffic to other nodes retries or fails over: "
-        "check the cable, the transceiver and the switch port (ibstat, ibqueryerrors; "
-        "gpumon_nic_errors_total names the counter)"
+    return _about_nics(
+        s,
+        parts,
+        "its traffic to other nodes retries or fails over: check the cable, the transceiver and the switch "
+        "port (ibstat, ibqueryerrors; gpumon_nic_errors_total names the counter)",
     )
+
+
+def _about_nics(s: Signals, facts: list[str], advice: str) -> str:
+    """A note on the NICs nearest the rank's GPUs: what they show, and what to check."""
+    return f"NIC {', '.join(s.nics)}: {' and '.join(facts)}; {advice}"
 
 
 def _inside(s: Signals) -> str:
